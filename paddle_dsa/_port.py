@@ -1,0 +1,2 @@
+"""The running Paddle release's port (paddle_dsa.ports.PORT), imported once."""
+from .ports import PORT  # noqa: F401

@@ -1,0 +1,201 @@
+"""flash_attention / flash_attention_varlen: public API, validation, PyLayer autograd, dispatch.
+
+Semantics (docs/numerics.md): softmax_scale defaults to 1/sqrt(D); causal is aligned bottom-right
+(query i of a segment sees key j iff j <= i + Sk - Sq); window (left, right) keeps key j iff
+i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 unbounded, intersected with causal; a row that sees
+no key gets out = 0, softmax_lse = -inf and zero gradient.
+"""
+import math
+import warnings
+
+import numpy as np
+import paddle
+
+from ... import config
+from ... import validation as V
+from ..._port import PORT
+from ...kernels import flash_attention as gpu
+from ...ops.flash_attention import supported as SUPPORTED
+from ...reference import flash_attention as ref
+
+_REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
+_warned_fallback = set()
+
+
+def _check_gpu_table(op, dtype, head_dim):
+    """Tensors on a CUDA place go to the kernels: only their supported table is accepted."""
+    if dtype not in SUPPORTED.DTYPES:
+        V.fail(op, f"dtype {dtype} is not supported on a GPU place; supported: {', '.join(SUPPORTED.DTYPES)}", TypeError)
+    if head_dim not in SUPPORTED.HEAD_DIMS:
+        V.fail(op, f"head_dim {head_dim} is not supported on a GPU place; supported head_dim: "
+                   f"{', '.join(map(str, SUPPORTED.HEAD_DIMS))} (the CPU reference path accepts any)")
+
+
+def _use_kernel(op, which, on_gpu):
+    if not on_gpu:
+        return False
+    if gpu.available(which):
+        return True
+    if (op, which) not in _warned_fallback:
+        _warned_fallback.add((op, which))
+        warnings.warn(f"paddle_dsa.{op}: the GPU {which} kernel is not available (is nvidia-cutlass-dsl "
+                      "installed?); running the pure-Paddle reference path on the GPU instead")
+    return False
+
+
+class _Config:
+    """Static configuration of one call (plain Python values, no grad slots)."""
+
+    __slots__ = ("op", "scale", "causal", "window", "on_gpu", "cu_q_host", "cu_k_host", "max_q", "max_k")
+
+    def __init__(self, **kw):
+        for key in self.__slots__:
+            setattr(self, key, kw.get(key))
+
+
+def _forward(cfg, q, k, v, cu_q, cu_k):
+    if _use_kernel(cfg.op, "fwd", cfg.on_gpu):
+        return gpu.forward(q, k, v, cfg.scale, cfg.causal, cfg.window, cu_q, cu_k, cfg.max_q, cfg.max_k)
+    if cu_q is None:
+        return ref.flash_attention_fwd(q, k, v, cfg.scale, cfg.causal, cfg.window)
+    return ref.flash_attention_varlen_fwd(q, k, v, cfg.cu_q_host, cfg.cu_k_host, cfg.scale, cfg.causal, cfg.window)
+
+
+def _backward(cfg, q, k, v, out, dout, lse, dlse, cu_q, cu_k):
+    if _use_kernel(cfg.op, "bwd", cfg.on_gpu):
+        return gpu.backward(q, k, v, out, dout, lse, dlse, cfg.scale, cfg.causal, cfg.window, cu_q, cu_k,
+                            cfg.max_q, cfg.max_k, deterministic=config.deterministic_backward)
+    if cu_q is None:
+        return ref.flash_attention_bwd(q, k, v, out, dout, lse, dlse, cfg.scale, cfg.causal, cfg.window)
+    return ref.flash_attention_varlen_bwd(q, k, v, out, dout, lse, dlse, cfg.cu_q_host, cfg.cu_k_host,
+                                          cfg.scale, cfg.causal, cfg.window)
+
+
+class _FlashAttention(paddle.autograd.PyLayer):
+    """Dense: apply(q, k, v, cfg). Varlen: apply(q, k, v, cu_q, cu_k, cfg). Returns (out, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *rest):
+        cu_q, cu_k, cfg = rest if len(rest) == 3 else (None, None, rest[0])
+        out, lse = _forward(cfg, q, k, v, cu_q, cu_k)
+        ctx.cfg = cfg
+        ctx.varlen = cu_q is not None
+        ctx.want = tuple(PORT.needs_grad(t) for t in (q, k, v))
+        ctx.set_materialize_grads(False)
+        if ctx.varlen:
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        else:
+            ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        saved = PORT.saved_tensors(ctx)
+        q, k, v, out, lse = saved[:5]
+        cu_q, cu_k = saved[5:] if ctx.varlen else (None, None)
+        if dout is None:
+            dout = paddle.zeros_like(out)
+        dq, dk, dv = _backward(ctx.cfg, q, k, v, out, dout, lse, dlse, cu_q, cu_k)
+        grads = tuple(g if want else None for g, want in zip((dq, dk, dv), ctx.want))
+        return grads + ((None, None) if ctx.varlen else ())
+
+
+def _check_qkv(op, query, key, value, rank, layout):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        V.check_tensor(op, name, t)
+    shapes = [V.check_rank(op, n, t, rank, layout) for n, t in (("query", query), ("key", key), ("value", value))]
+    dtype = V.check_same_dtype(op, ("query", "key", "value"), (query, key, value))
+    V.check_dtype(op, "query", query, _REF_DTYPES)
+    V.check_same_place(op, ("query", "key", "value"), (query, key, value))
+    return shapes, dtype
+
+
+def _check_heads(op, qs, ks, vs, h_axis):
+    """Head counts and head_dim: H % Hkv == 0, key/value heads and head_dim agree with query."""
+    if ks != vs:
+        V.fail(op, f"`key` and `value` must have the same shape, got {list(ks)} and {list(vs)}")
+    if qs[-1] != ks[-1]:
+        V.fail(op, f"`query` head_dim {qs[-1]} != `key` head_dim {ks[-1]}; query, key and value must share head_dim")
+    h, hkv = qs[h_axis], ks[h_axis]
+    if h % hkv != 0:
+        V.fail(op, f"the query head count ({h}) must be a multiple of the key/value head count ({hkv}) (GQA/MQA)")
+
+
+def _options(op, causal, softmax_scale, window_size, return_softmax_lse, head_dim):
+    V.check_bool(op, "causal", causal)
+    V.check_bool(op, "return_softmax_lse", return_softmax_lse)
+    window = V.check_window(op, window_size)
+    scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(head_dim))
+    return bool(causal), scale, window
+
+
+def flash_attention(query, key, value, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+                    return_softmax_lse=False, name=None):
+    """Attention over [B, S, H, D] tensors.
+
+    Args:
+        query: [B, Sq, H, D]; key, value: [B, Sk, Hkv, D] with H % Hkv == 0 (query head h reads key/value
+            head h // (H / Hkv)). bfloat16 or float16 (float32 and float64 on the CPU reference path).
+        causal: bottom-right aligned causal mask.
+        softmax_scale: defaults to 1/sqrt(D).
+        window_size: (left, right) sliding window, -1 unbounded.
+        return_softmax_lse: also return softmax_lse, float32 [B, H, Sq], natural log (-inf for rows that
+            see no key); its gradient is honoured.
+    Returns:
+        out [B, Sq, H, D] in query's dtype, or (out, softmax_lse).
+    """
+    op = "flash_attention"
+    V.require_dynamic_mode(op)
+    (qs, ks, vs), dtype = _check_qkv(op, query, key, value, 4, "[batch, seq, heads, head_dim]")
+    for n, s in (("query", qs), ("key", ks)):
+        V.check_positive_dims(op, n, s, range(4))
+    if qs[0] != ks[0]:
+        V.fail(op, f"`query` batch {qs[0]} != `key` batch {ks[0]}")
+    _check_heads(op, qs, ks, vs, 2)
+    causal, scale, window = _options(op, causal, softmax_scale, window_size, return_softmax_lse, qs[3])
+    on_gpu = PORT.is_gpu(query)
+    if on_gpu:
+        _check_gpu_table(op, dtype, qs[3])
+    cfg = _Config(op=op, scale=scale, causal=causal, window=window, on_gpu=on_gpu, max_q=qs[1], max_k=ks[1])
+    out, lse = _FlashAttention.apply(query, key, value, cfg)
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                           causal=False, softmax_scale=None, window_size=(-1, -1), return_softmax_lse=False,
+                           name=None):
+    """Attention over packed sequences.
+
+    Args:
+        query: [Tq, H, D]; key, value: [Tk, Hkv, D]; cu_seqlens_q / cu_seqlens_k: int32 [batch + 1]
+            segment offsets (first 0, non-decreasing); max_seqlen_q / max_seqlen_k: ints >= the longest
+            segment. Masks apply within each segment (bottom-right aligned per segment).
+    Returns:
+        out [Tq, H, D], or (out, softmax_lse float32 [H, Tq]). Rows at or past cu_seqlens_q[-1], and
+        rows of segments with no keys, get out 0 and softmax_lse -inf.
+    """
+    op = "flash_attention_varlen"
+    V.require_dynamic_mode(op)
+    (qs, ks, vs), dtype = _check_qkv(op, query, key, value, 3, "[total_tokens, heads, head_dim]")
+    for n, s in (("query", qs), ("key", ks)):
+        V.check_positive_dims(op, n, s, (1, 2))
+    _check_heads(op, qs, ks, vs, 1)
+    max_q = V.check_int(op, "max_seqlen_q", max_seqlen_q, minimum=0)
+    max_k = V.check_int(op, "max_seqlen_k", max_seqlen_k, minimum=0)
+    bq = V.check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, qs[0], "max_seqlen_q", max_q)
+    bk = V.check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, ks[0], "max_seqlen_k", max_k)
+    if bq != bk:
+        V.fail(op, f"`cu_seqlens_q` and `cu_seqlens_k` must describe the same batch, got {bq} and {bk} segments")
+    causal, scale, window = _options(op, causal, softmax_scale, window_size, return_softmax_lse, qs[2])
+    on_gpu = PORT.is_gpu(query)
+    V.check_same_place(op, ("query", "cu_seqlens_q", "cu_seqlens_k"), (query, cu_seqlens_q, cu_seqlens_k))
+    if on_gpu:
+        _check_gpu_table(op, dtype, qs[2])
+    cu_q_host = cu_k_host = None
+    if not (on_gpu and gpu.available("fwd")):
+        cu_q_host = np.asarray(PORT.to_numpy(cu_seqlens_q), dtype=np.int64)
+        cu_k_host = np.asarray(PORT.to_numpy(cu_seqlens_k), dtype=np.int64)
+    cfg = _Config(op=op, scale=scale, causal=causal, window=window, on_gpu=on_gpu,
+                  cu_q_host=cu_q_host, cu_k_host=cu_k_host, max_q=max_q, max_k=max_k)
+    out, lse = _FlashAttention.apply(query, key, value, cu_seqlens_q, cu_seqlens_k, cfg)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,42 @@
+"""paddle_dsa: flash attention and DeepSeek Sparse Attention kernels for PaddlePaddle (CuTe DSL, sm90).
+
+Install (CPU reference path + tests):   pip install -e .[test]
+Paddle itself is not pinned by distribution name (paddlepaddle or paddlepaddle-gpu both work); the
+`paddle-*` extras pull the CPU wheel and the pins of one release line (see ports/).
+"""
+from setuptools import setup
+
+PACKAGES = {
+    "paddle_dsa": "paddle_dsa",
+    "paddle_dsa.nn": "paddle_dsa/nn",
+    "paddle_dsa.nn.functional": "paddle_dsa/nn/functional",
+    "paddle_dsa.reference": "paddle_dsa/reference",
+    "paddle_dsa.kernels": "paddle_dsa/kernels",
+    "paddle_dsa.ops": "ops",
+    "paddle_dsa.ops.common": "ops/common",
+    "paddle_dsa.ops.flash_attention": "ops/flash_attention",
+    "paddle_dsa.ports": "ports",
+    "paddle_dsa.ports.paddle_2_6": "ports/paddle_2_6",
+    "paddle_dsa.ports.paddle_3_0": "ports/paddle_3_0",
+    "paddle_dsa.ports.paddle_3_3": "ports/paddle_3_3",
+}
+
+KERNELS = ["nvidia-cutlass-dsl[cu13]==4.8.1"]
+
+setup(
+    name="paddle_dsa",
+    version="0.1.0",
+    description="Flash attention and DeepSeek Sparse Attention for PaddlePaddle (CuTe DSL, Hopper)",
+    python_requires=">=3.10",
+    packages=list(PACKAGES),
+    package_dir=PACKAGES,
+    install_requires=["numpy"],
+    extras_require={
+        "kernels": KERNELS,
+        "test": ["pytest>=7", "paddlepaddle==3.3.1"] + KERNELS,
+        "paddle-3.3": ["paddlepaddle==3.3.1"],
+        "paddle-3.0": ["paddlepaddle==3.0.0"],
+        "paddle-3.2": ["paddlepaddle==3.2.2"],
+        "paddle-2.6": ["paddlepaddle==2.6.2", "protobuf>=4.21.12,<5", "numpy<2"],
+    },
+)
