@@ -1,0 +1,97 @@
+"""Online softmax in base 2 over a wgmma accumulator (CuTe DSL device helpers).
+
+Math. For a row with scores s_j (fp32, straight from Q K^T) and scale c = softmax_scale * log2(e):
+
+    t_j = c * s_j                          (scaled once in fp32; Q is never pre-scaled or rounded)
+    m   = max_j t_j over the blocks seen so far       (monotonic: m_new = max(m_old, block max))
+    P_j = 2^(t_j - m~),  m~ = 0 if m == -inf else m    (so a fully masked block/row never computes -inf - -inf)
+    l   = l * 2^(m_old - m~) + sum_j P_j,   O = O * 2^(m_old - m~) + P V      (2^(-inf - x) = 0 for the first block)
+    end:  out = O / l,  lse = ln(2) * (m + log2(l));   l == 0 (row saw no key): out = 0, lse = -inf
+
+A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
+max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LN2 = math.log(2.0)
+LOG2E = math.log2(math.e)
+
+
+def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """(rows, cols) view of a thread's sm90 wgmma accumulator fragment ((2, 2, N/8), 1, 1).
+
+    Value v of the fragment sits at row (v // 2) % 2 and column v % 2 + 2 * (v // 4) of the thread's slice.
+    Works for register fragments and for identity-coordinate partitions alike (composition with the
+    fragment's own layout).
+    """
+    n8 = cute.size(acc) // 4
+    mn = cute.make_layout((2, (2, n8)), stride=(2, (1, 4)))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def quad_max(x: Float32) -> Float32:
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+
+
+def quad_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=2)
+
+
+def softmax_state(rows: int = 2):
+    """(row_max, row_sum) register tensors, initialised to (-inf, 0)."""
+    row_max = cute.make_rmem_tensor((rows,), Float32)
+    row_sum = cute.make_rmem_tensor((rows,), Float32)
+    row_max.fill(-Float32.inf)
+    row_sum.fill(0.0)
+    return row_max, row_sum
+
+
+@cute.jit
+def scale_scores(s_mn: cute.Tensor, scale_log2: Float32):
+    """t = c * s in place (before masking, so -inf never meets a multiply, whatever the sign of c)."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            s_mn[r, c] = s_mn[r, c] * scale_log2
+
+
+@cute.jit
+def online_softmax_update(s_mn: cute.Tensor, o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor):
+    """Scaled, masked scores -> unnormalised P (in place); update (row_max, row_sum); rescale O's view."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        m_blk = s_mn[r, 0]
+        for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
+            m_blk = cute.arch.fmax(m_blk, s_mn[r, c])
+        m_blk = quad_max(m_blk)
+        m_old = row_max[r]
+        m_new = cute.arch.fmax(m_old, m_blk)
+        m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
+        corr = cute.math.exp2(m_old - m_use, fastmath=True)
+        row_max[r] = m_new
+        part = Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
+            s_mn[r, c] = p
+            part = part + p
+        row_sum[r] = row_sum[r] * corr + part
+        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+            o_mn[r, c] = o_mn[r, c] * corr
+
+
+@cute.jit
+def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, lse_out: cute.Tensor):
+    """Normalise O in place; lse_out[r] = natural-log LSE (-inf and O = 0 for rows that saw no key)."""
+    for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+        l = quad_sum(row_sum[r])
+        alive = l > Float32(0.0)
+        l_safe = Float32(cutlass.select_(alive, l, Float32(1.0)))
+        inv = Float32(cutlass.select_(alive, Float32(1.0) / l_safe, Float32(0.0)))
+        lse = (row_max[r] + cute.math.log2(l_safe, fastmath=False)) * Float32(LN2)
+        lse_out[r] = Float32(cutlass.select_(alive, lse, -Float32.inf))
+        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+            o_mn[r, c] = o_mn[r, c] * inv

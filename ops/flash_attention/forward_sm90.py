@@ -1,0 +1,328 @@
+"""Flash-attention forward for Hopper (sm_90a), CuTe DSL: TMA loads, warpgroup MMA, online softmax in base 2.
+
+Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_scale * log2(e)):
+
+    S_ij = q_i . k_j                         fp32 wgmma accumulator (bf16/fp16 inputs, never pre-scaled)
+    t_ij = c * S_ij, masked to -inf where key j is invisible (ops.common.mask)
+    m_i  = max_j t_ij (running, monotonic),  P_ij = 2^(t_ij - m_i)  (rounded to the input dtype for P V)
+    l_i  = sum_j P_ij (fp32, unrounded),     O_i = sum_j P_ij v_j / l_i
+    lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
+(online form and the -inf guards: ops.common.softmax).
+
+Tiling. One CTA = 128 query rows of one (batch, head) = 3 warpgroups (384 threads):
+  - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (128 x D) once,
+    then for each visible key block n: K_n (BN x D, K-major) and V_n (read as D x BN, MN-major) into a
+    ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 8 consumer
+    warps).
+  - warpgroups 1 and 2 (consumers): each owns 64 of the 128 rows (the tiled MMA has 2 atoms along M).
+    Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> scale, mask (only on blocks that need it),
+    online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x D x 16 atoms).
+    Epilogue: O / l written straight from registers to global memory with a row predicate (so varlen
+    segments never write past their end), lse by one lane per quad.
+  BN = 128; stages = 2 for D = 128, 3 for D = 64 (smem 160 KiB / 112 KiB).
+Key blocks visited: [n_lo, n_hi) from ops.common.mask.key_block_range (an empty range still writes O = 0 and
+lse = -inf). Query blocks are launched longest-first (reversed blockIdx.x) to even out causal load.
+
+Layouts. Dense: q [B,Sq,H,D], k/v [B,Sk,Hkv,D], out like q, lse [B,H,Sq]. Varlen: q [Tq,H,D], k/v [Tk,Hkv,D],
+lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; the grid gets one extra z-slice (batch index == batch) that writes
+O = 0, lse = -inf to the rows at or past cu_seqlens_q[-1]. Query head h reads kv head h // (H // Hkv).
+TMA tiles may run past a segment end into the next segment's rows (loads only, masked out) or past the tensor
+(zero-filled); stores are always row-predicated.
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ..common import mask as mask_lib
+from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_update, scale_scores,
+                              softmax_state)
+
+BLOCK_M = 128
+BLOCK_N = 128
+NUM_THREADS = 384
+
+
+def stages_for(head_dim):
+    return 2 if head_dim > 64 else 3
+
+
+class FlashFwdSm90:
+    """One compiled forward variant: (dtype, head_dim, bounded mask?, varlen?)."""
+
+    def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool):
+        assert head_dim in (64, 128), head_dim
+        self.dtype = dtype
+        self.D = head_dim
+        self.BM = BLOCK_M
+        self.BN = BLOCK_N
+        self.stages = stages_for(head_dim)
+        self.bounded = bounded
+        self.varlen = varlen
+
+    # ------------------------------------------------------------------------------------------ host (jit)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32, win_left: Int32, win_right: Int32,
+                 grid_m: Int32, stream):
+        D, BM, BN, dt = self.D, self.BM, self.BN, self.dtype
+        if cutlass.const_expr(self.varlen):
+            # THD -> (S, D, H): rows, head_dim (contiguous), heads
+            q3 = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0], D, mQ.shape[1]),
+                                                                stride=(mQ.stride[0], 1, mQ.stride[1])))
+            k3 = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[0], D, mK.shape[1]),
+                                                                stride=(mK.stride[0], 1, mK.stride[1])))
+            vt = cute.make_tensor(mV.iterator, cute.make_layout((D, mV.shape[0], mV.shape[1]),
+                                                                stride=(1, mV.stride[0], mV.stride[1])))
+            o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[0], D, mO.shape[1]),
+                                                                 stride=(mO.stride[0], 1, mO.stride[1])))
+            lse_v = cute.make_tensor(mLSE.iterator, cute.make_layout((mLSE.shape[1], mLSE.shape[0]),
+                                                                     stride=(mLSE.stride[1], mLSE.stride[0])))
+            num_heads = mQ.shape[1]
+            num_kv_heads = mK.shape[1]
+            grid_z = mCuQ.shape[0]  # batch + 1: the last slice clears rows past cu_seqlens_q[-1]
+        else:
+            # BSHD -> (S, D, H, B)
+            q3 = cute.make_tensor(mQ.iterator, cute.make_layout(
+                (mQ.shape[1], D, mQ.shape[2], mQ.shape[0]), stride=(mQ.stride[1], 1, mQ.stride[2], mQ.stride[0])))
+            k3 = cute.make_tensor(mK.iterator, cute.make_layout(
+                (mK.shape[1], D, mK.shape[2], mK.shape[0]), stride=(mK.stride[1], 1, mK.stride[2], mK.stride[0])))
+            vt = cute.make_tensor(mV.iterator, cute.make_layout(
+                (D, mV.shape[1], mV.shape[2], mV.shape[0]), stride=(1, mV.stride[1], mV.stride[2], mV.stride[0])))
+            o_v = cute.make_tensor(mO.iterator, cute.make_layout(
+                (mO.shape[1], D, mO.shape[2], mO.shape[0]), stride=(mO.stride[1], 1, mO.stride[2], mO.stride[0])))
+            # lse [B,H,Sq] -> (Sq, H, B)
+            lse_v = cute.make_tensor(mLSE.iterator, cute.make_layout(
+                (mLSE.shape[2], mLSE.shape[1], mLSE.shape[0]),
+                stride=(mLSE.stride[2], mLSE.stride[1], mLSE.stride[0])))
+            num_heads = mQ.shape[2]
+            num_kv_heads = mK.shape[2]
+            grid_z = mQ.shape[0]
+
+        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                   (2, 1, 1), tiler_mn=(64, BN))
+        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+                                                   (2, 1, 1), tiler_mn=(64, D),
+                                                   a_source=warpgroup.OperandSource.RMEM)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (BM, D, BN), dt, self.stages)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, q3, cute.slice_(sQ_layout, (None, None, 0)), (BM, D))
+        tma_k, tK = cpasync.make_tiled_tma_atom(g2s, k3, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(g2s, vt, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+
+        self.q_bytes = BM * D * dt.width // 8
+        self.kv_bytes = BN * D * dt.width // 8
+
+        @cute.struct
+        class SharedStorage:
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, o_v, lse_v, mCuQ, mCuK, scale_log2, win_left, win_right,
+                    num_heads, num_kv_heads, grid_m, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout).launch(
+            grid=(grid_m, num_heads, grid_z), block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_k: cute.CopyAtom, tK: cute.Tensor,
+               tma_v: cute.CopyAtom, tV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32, win_left: Int32, win_right: Int32,
+               num_heads: Int32, num_kv_heads: Int32, grid_m: Int32,
+               qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
+        D, BM, BN = self.D, self.BM, self.BN
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, head, batch = cute.arch.block_idx()
+        m_block = grid_m - 1 - bx  # longest (causal) query blocks first
+
+        if cutlass.const_expr(self.varlen):
+            n_batch = mCuQ.shape[0] - 1
+            if batch == n_batch:
+                self.clear_tail(mO, mLSE, mCuQ, head, m_block, grid_m, tidx)
+            else:
+                q_off = mCuQ[batch]
+                seqlen_q = mCuQ[batch + 1] - q_off
+                k_off = mCuK[batch]
+                seqlen_k = mCuK[batch + 1] - k_off
+                if m_block * BM < seqlen_q:
+                    self.attend(tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2, win_left, win_right,
+                                num_heads, num_kv_heads, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
+                                tidx, head, batch, m_block, q_off, seqlen_q, k_off, seqlen_k)
+        else:
+            self.attend(tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2, win_left, win_right,
+                        num_heads, num_kv_heads, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
+                        tidx, head, batch, m_block, Int32(0), tQ.shape[0], Int32(0), tK.shape[0])
+
+    @cute.jit
+    def clear_tail(self, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, head: Int32, m_block: Int32,
+                   grid_m: Int32, tidx: Int32):
+        """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over 128-row chunks)."""
+        D, BM = self.D, self.BM
+        total = mO.shape[0]
+        start = mCuQ[mCuQ.shape[0] - 1] + m_block * BM
+        zero = self.dtype(0.0)
+        for row0 in cutlass.range(start, total, grid_m * BM, unroll=1):
+            for i in cutlass.range(tidx, BM * D, NUM_THREADS, unroll=1):
+                row = row0 + i // D
+                if row < total:
+                    mO[row, i % D, head] = zero
+            if tidx < BM:
+                if row0 + tidx < total:
+                    mLSE[row0 + tidx, head] = -Float32.inf
+
+    @cute.jit
+    def attend(self, tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2: Float32, win_left: Int32,
+               win_right: Int32, num_heads: Int32, num_kv_heads: Int32, qk_mma: cute.TiledMma,
+               pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, tidx: Int32, head: Int32, batch: Int32,
+               m_block: Int32, q_off: Int32, seqlen_q: Int32, k_off: Int32, seqlen_k: Int32):
+        D, BM, BN, dt = self.D, self.BM, self.BN, self.dtype
+        kv_head = head // (num_heads // num_kv_heads)
+        m_start = m_block * BM
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ2 = sQ[None, None, 0]
+        q_bar = storage.mbar_q.data_ptr()
+
+        # global tiles (TMA coordinate tensors)
+        if cutlass.const_expr(self.varlen):
+            gQh = cute.domain_offset((q_off, 0), tQ[None, None, head])
+            gKh = cute.domain_offset((k_off, 0), tK[None, None, kv_head])
+            gVh = cute.domain_offset((0, k_off), tV[None, None, kv_head])
+            gOh = mO[None, None, head]
+            gLh = mLSE[None, head]
+        else:
+            gQh = tQ[None, None, head, batch]
+            gKh = tK[None, None, kv_head, batch]
+            gVh = tV[None, None, kv_head, batch]
+            gOh = mO[None, None, head, batch]
+            gLh = mLSE[None, head, batch]
+        gQ = cute.local_tile(gQh, (BM, D), (m_block, 0))
+        gK = cute.local_tile(gKh, (BN, D), (None, 0))   # (BN, D, n)
+        gV = cute.local_tile(gVh, (D, BN), (0, None))   # (D, BN, n)
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                         cute.group_modes(gK, 0, 2))
+        tVs, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                         cute.group_modes(gV, 0, 2))
+
+        n_lo, n_hi = mask_lib.key_block_range(m_start, BM, seqlen_q, seqlen_k, win_left, win_right, BN,
+                                              self.bounded)
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
+        pipe_k = pipeline.PipelineTmaAsync.create(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
+                                                  producer_group=producer, consumer_group=consumers,
+                                                  tx_count=self.kv_bytes, defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
+                                                  producer_group=producer, consumer_group=consumers,
+                                                  tx_count=self.kv_bytes, defer_sync=True)
+        if tidx == 0:
+            cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if wg == 0:
+            # ---------------- producer
+            cute.arch.setmaxregister_decrease(24)
+            if warp == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
+                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+                st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for n in cutlass.range(n_lo, n_hi, unroll=1):
+                    pipe_k.producer_acquire(st)
+                    cute.copy(tma_k, tKg[None, n], tKs[None, st.index], tma_bar_ptr=pipe_k.producer_get_barrier(st))
+                    pipe_v.producer_acquire(st)
+                    cute.copy(tma_v, tVg[None, n], tVs[None, st.index], tma_bar_ptr=pipe_v.producer_get_barrier(st))
+                    st.advance()
+        else:
+            # ---------------- consumers (2 warpgroups x 64 rows)
+            cute.arch.setmaxregister_increase(240)
+            ctid = tidx - 128
+            thr_qk = qk_mma.get_slice(ctid)
+            thr_pv = pv_mma.get_slice(ctid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ2))
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BM, D)))
+            acc_o.fill(0.0)
+            o_mn = acc_mn_view(acc_o)
+            c_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BM, BN))))
+            n_kblk_pv = BN // 16
+
+            row_max, row_sum = softmax_state(2)
+            cute.arch.mbarrier_wait(q_bar, 0)
+            st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            for n in cutlass.range(n_lo, n_hi, unroll=1):
+                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+                pipe_k.consumer_wait(st)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, st.index], acc_s)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(st)
+
+                s_mn = acc_mn_view(acc_s)
+                scale_scores(s_mn, scale_log2)
+                n_start = n * BN
+                if mask_lib.block_needs_mask(m_start, BM, n_start, BN, seqlen_q, seqlen_k, win_left, win_right,
+                                             self.bounded):
+                    mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,
+                                        self.bounded)
+                online_softmax_update(s_mn, o_mn, row_max, row_sum)
+
+                # P (fp32 accumulator order) -> input dtype; the C fragment ((2,2,BN/8)) of 16-bit values is
+                # exactly the register A fragment ((2,2,2), 1, BN/16) of the next wgmma.
+                rP = cute.make_rmem_tensor(acc_s.layout, dt)
+                rP.store(acc_s.load().to(dt))
+                tOrP = cute.make_tensor(rP.iterator, cute.make_layout(((2, 2, 2), 1, n_kblk_pv),
+                                                                      stride=((1, 2, 4), 0, 8)))
+                pipe_v.consumer_wait(st)
+                warpgroup.fence()
+                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(n_kblk_pv):
+                    cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, st.index], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(st)
+                st.advance()
+
+            # ---------------- epilogue: O / l and lse, row-predicated direct stores
+            lse_r = cute.make_rmem_tensor((2,), Float32)
+            online_softmax_finalize(o_mn, row_max, row_sum, lse_r)
+            oc_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
+            for r in cutlass.range_constexpr(2):
+                row = m_start + oc_mn[r, 0][0]
+                if row < seqlen_q:
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        gOh[q_off + row, oc_mn[r, c][1]] = dt(o_mn[r, c])
+                    if ctid % 4 == 0:
+                        gLh[q_off + row] = lse_r[r]

@@ -1,0 +1,190 @@
+"""Seam of the flash-attention forward: validate, pick/compile a cached kernel variant, launch (no host sync).
+
+``flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None, cu_seqlens_k=None,
+max_seqlen_q=0, max_seqlen_k=0, stream=0) -> None``
+
+Tensors are any DLPack objects (``__dlpack__``/``__dlpack_device__``) on a CUDA device; ``out``/``lse`` are
+preallocated by the caller and fully written here.
+  dense : q [B,Sq,H,D], k/v [B,Sk,Hkv,D], out [B,Sq,H,D], lse float32 [B,H,Sq]
+  varlen: q [Tq,H,D], k/v [Tk,Hkv,D], out [Tq,H,D], lse float32 [H,Tq], cu_seqlens_q/k int32 [batch+1],
+          max_seqlen_q/k host ints (no device read on the host).
+Kernel variants are compiled once per (dtype, head_dim, bounded mask, varlen) and cached; shapes and strides are
+dynamic, so a new B/S/H does not recompile.
+"""
+import math
+import os
+
+from . import supported
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+_KDL_CUDA = 2
+_CACHE = {}
+
+
+def _lazy():
+    import cuda.bindings.driver as cuda  # noqa: F401
+    import cutlass  # noqa: F401
+    import cutlass.cute as cute  # noqa: F401
+    from cutlass.cute.runtime import from_dlpack  # noqa: F401
+    from . import forward_sm90  # noqa: F401
+    return cuda, cutlass, cute, from_dlpack, forward_sm90
+
+
+def _dtype_of(name):
+    import cutlass
+    return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
+
+
+def variant_key(dtype_name, head_dim, bounded, varlen):
+    return (dtype_name, int(head_dim), bool(bounded), bool(varlen))
+
+
+def all_variant_keys():
+    """Every kernel variant the seam can choose (used by the CPU compile tests)."""
+    return [variant_key(dt, d, b, vl) for dt in supported.DTYPES for d in supported.HEAD_DIMS
+            for b in (False, True) for vl in (False, True)]
+
+
+def _compile(key, args):
+    _, cutlass, cute, _, fwd_mod = _lazy()
+    dtype_name, head_dim, bounded, varlen = key
+    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen)
+    return cute.compile(kern, *args)
+
+
+def fake_args(key):
+    """Stand-in arguments (dynamic shapes/strides, innermost stride 1) to compile a variant without a GPU."""
+    cuda, cutlass, cute, _, _ = _lazy()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    dtype_name, head_dim, bounded, varlen = key
+    dt = _dtype_of(dtype_name)
+
+    def t(dtype, ndim, last=None):
+        shape = tuple(cute.sym_int() for _ in range(ndim - 1)) + ((last if last is not None else cute.sym_int()),)
+        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(ndim - 1)) + (1,)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+
+    nd = 3 if varlen else 4
+    q, k, v, o = (t(dt, nd, head_dim) for _ in range(4))
+    lse = t(cutlass.Float32, 2 if varlen else 3)
+    cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
+    cu_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
+    return (q, k, v, o, lse, cu_q, cu_k, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
+            cutlass.Int32(1), make_fake_stream())
+
+
+def compile_variant(key):
+    """Compile one variant from stand-in tensors (CPU compile tests); returns the compiled callable."""
+    return _compile(key, fake_args(key))
+
+
+def _check_tma(name, t, elem_bytes):
+    if t.stride[-1] != 1:
+        raise ValueError(f"{name}: innermost (head_dim) stride must be 1, got strides {tuple(t.stride)}")
+    for s in t.stride[:-1]:
+        if (int(s) * elem_bytes) % 16:
+            raise ValueError(f"{name}: every stride must be a multiple of 16 bytes, got strides {tuple(t.stride)}")
+    if int(t.iterator._pointer) % 16:
+        raise ValueError(f"{name}: base address must be 16-byte aligned")
+
+
+def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None, cu_seqlens_k=None,
+                   max_seqlen_q=0, max_seqlen_k=0, stream=0):
+    cuda, cutlass, cute, from_dlpack, fwd_mod = _lazy()
+    from ..common.mask import effective_window
+
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    named = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
+    if varlen:
+        named.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, x in named.items():
+        if not hasattr(x, "__dlpack__"):
+            raise ValueError(f"{name}: expected a DLPack tensor, got {type(x).__name__}")
+        dev = x.__dlpack_device__()
+        if int(dev[0]) != _KDL_CUDA:
+            raise ValueError(f"{name}: must be on a CUDA device, got DLPack device {tuple(dev)}")
+    ct = {name: from_dlpack(x, assumed_align=16 if name in ("q", "k", "v", "out") else 4)
+          for name, x in named.items()}
+
+    dt = ct["q"].element_type
+    dtype_name = {cutlass.BFloat16: "bfloat16", cutlass.Float16: "float16"}.get(dt)
+    if dtype_name is None or dtype_name not in supported.DTYPES:
+        raise ValueError(f"q: dtype {dt} not supported (supported: {supported.DTYPES})")
+    for name in ("k", "v", "out"):
+        if ct[name].element_type != dt:
+            raise ValueError(f"{name}: dtype {ct[name].element_type} differs from q's {dt}")
+    if ct["lse"].element_type != cutlass.Float32:
+        raise ValueError(f"lse: must be float32, got {ct['lse'].element_type}")
+
+    qs, ks, vs, os_, ls = (tuple(int(s) for s in ct[n].shape) for n in ("q", "k", "v", "out", "lse"))
+    nd = 3 if varlen else 4
+    for name, s in (("q", qs), ("k", ks), ("v", vs), ("out", os_)):
+        if len(s) != nd:
+            raise ValueError(f"{name}: expected {nd} dims ({'THD' if varlen else 'BSHD'}), got shape {s}")
+    D = qs[-1]
+    if D not in supported.HEAD_DIMS:
+        raise ValueError(f"q: head_dim {D} not supported (supported: {supported.HEAD_DIMS})")
+    if ks[-1] != D or vs[-1] != D:
+        raise ValueError(f"k/v: head_dim must equal q's {D}, got k {ks}, v {vs}")
+    if ks != vs:
+        raise ValueError(f"k and v shapes differ: {ks} vs {vs}")
+    if os_ != qs:
+        raise ValueError(f"out: shape {os_} must equal q's {qs}")
+    H, Hkv = qs[-2], ks[-2]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"q heads ({H}) must be a multiple of k/v heads ({Hkv})")
+    if varlen:
+        Tq, Tk = qs[0], ks[0]
+        if ls != (H, Tq):
+            raise ValueError(f"lse: expected shape {(H, Tq)}, got {ls}")
+        for name in ("cu_seqlens_q", "cu_seqlens_k"):
+            c = ct[name]
+            if c.element_type != cutlass.Int32 or len(c.shape) != 1 or int(c.stride[0]) != 1:
+                raise ValueError(f"{name}: must be a contiguous int32 vector")
+        nb = int(ct["cu_seqlens_q"].shape[0]) - 1
+        if nb < 0 or int(ct["cu_seqlens_k"].shape[0]) - 1 != nb:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch+1 entries")
+        if Tq == 0 or H == 0:
+            return
+        if Tk == 0:
+            raise ValueError("k/v: zero total keys is not supported by the TMA path")
+        grid_m = max(1, -(-int(max_seqlen_q) // fwd_mod.BLOCK_M))
+    else:
+        B, Sq = qs[0], qs[1]
+        if ks[0] != B:
+            raise ValueError(f"k: batch {ks[0]} differs from q's {B}")
+        if ls != (B, H, Sq):
+            raise ValueError(f"lse: expected shape {(B, H, Sq)}, got {ls}")
+        if B == 0 or Sq == 0 or H == 0:
+            return
+        if ks[1] == 0:
+            raise ValueError("k/v: Sk == 0 is not supported by the TMA path")
+        grid_m = -(-Sq // fwd_mod.BLOCK_M)
+    eb = dt.width // 8
+    for name in ("q", "k", "v", "out"):
+        _check_tma(name, ct[name], eb)
+
+    bounded, left, right = effective_window(causal, window)
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+
+    args = [ct["q"].mark_layout_dynamic(leading_dim=nd - 1), ct["k"].mark_layout_dynamic(leading_dim=nd - 1),
+            ct["v"].mark_layout_dynamic(leading_dim=nd - 1), ct["out"].mark_layout_dynamic(leading_dim=nd - 1),
+            ct["lse"].mark_layout_dynamic(leading_dim=len(ls) - 1)]
+    if varlen:
+        args += [ct["cu_seqlens_q"].mark_layout_dynamic(leading_dim=0),
+                 ct["cu_seqlens_k"].mark_layout_dynamic(leading_dim=0)]
+    else:
+        args += [None, None]
+    args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),
+             cutlass.Int32(grid_m), cuda.CUstream(int(stream))]
+    key = variant_key(dtype_name, D, bounded, varlen)
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = _compile(key, args)
+        _CACHE[key] = fn
+    fn(*args)
