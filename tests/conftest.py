@@ -1,0 +1,20 @@
+"""Shared pytest fixtures: fresh random inputs each run, the seed reported on failure."""
+import os
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request):
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    gen = np.random.default_rng(seed)
+    return gen
+
+
+def pytest_runtest_makereport(item, call):
+    if call.when == "call" and call.excinfo is not None:
+        for key, value in item.user_properties:
+            if key == "seed":
+                item.add_report_section("call", "seed", f"numpy seed of this test: {value}")
