@@ -1,0 +1,514 @@
+"""Flash-attention backward for sm90 (Hopper), CuTe DSL.
+
+First, deliberately simple structure (correctness first):
+
+- ``_preprocess``: per query row, Delta = rowsum(O * dO) (fp32, from the stored O) - dlse, the LSE in
+  log2 form (+inf for a row whose stored LSE is -inf, so P = 0 there with no special case later),
+  and the fp32 dQ accumulator zeroed (every row, also rows no tile visits).
+- ``_main``: one CTA (one warpgroup, 128 threads) per (key block of 64, kv head, batch/segment).
+  K, V of the block stay in shared memory; the CTA loops over the query heads of its kv head (GQA)
+  and over the query blocks that can see the key block. Per query block:
+  S = Q K^T and dP = dO V^T (wgmma, fp32), P = exp2(min(S*scale*log2e - lse2, 0)) (masked -> 0),
+  dS = P (dP - Delta); P and dS are rounded to the input dtype into shared memory, then
+  dV += P^T dO, dK += dS^T Q (fp32 registers) and, unless deterministic, dQ_partial = dS K goes to
+  the fp32 accumulator with ``red.global.add.f32``.
+- ``_dq``: deterministic mode only: one CTA per (query block, query head, batch) recomputes S, dP,
+  dS over the visible key blocks in a fixed order and stores dQ (fp32) into the accumulator.
+- ``_postprocess``: dQ = scale * accumulator -> input dtype for every row; varlen: zero dK/dV rows
+  past cu_seqlens_k[-1].
+
+Tensors are 4-D BSHD inside (a varlen THD tensor is viewed as B=1); lse-like tensors are [B, H, S].
+Masks: key j visible for query i iff j < seqlen_k and i + off - left <= j <= i + off + right with
+off = seqlen_k - seqlen_q (bottom-right aligned); unbounded sides use a large sentinel.
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Major
+from cutlass.memory import SmemAllocator
+
+LOG2E = math.log2(math.e)
+BLOCK_M = 64  # query rows per tile
+BLOCK_N = 64  # key rows per tile
+NTHREADS = 128  # one warpgroup
+
+
+def _tma_part(atom, s, g):
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                 cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+
+
+def _transpose(t):
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
+
+
+class FlashBwdSm90:
+    """Backward launcher for one static configuration (dtype, head_dim, varlen, deterministic)."""
+
+    def __init__(self, dtype, head_dim: int, varlen: bool, deterministic: bool):
+        assert head_dim in (64, 128)
+        self.dtype = dtype
+        self.D = head_dim
+        self.varlen = varlen
+        self.deterministic = deterministic
+        self.bm = BLOCK_M
+        self.bn = BLOCK_N
+
+    # ------------------------------------------------------------------ host
+    def _to4(self, t):
+        """THD -> (1, T, H, D) view (varlen); BSHD unchanged."""
+        if cutlass.const_expr(self.varlen):
+            T = t.shape[0]
+            lay = cute.make_layout((1, T, t.shape[1], t.shape[2]),
+                                   stride=(T * t.stride[0], t.stride[0], t.stride[1], 1))
+            return cute.make_tensor(t.iterator, lay)
+        return t
+
+    def _to3(self, t):
+        """[H, T] -> (1, H, T) view (varlen); [B, H, S] unchanged."""
+        if cutlass.const_expr(self.varlen):
+            lay = cute.make_layout((1, t.shape[0], t.shape[1]), stride=(0, t.stride[0], t.stride[1]))
+            return cute.make_tensor(t.iterator, lay)
+        return t
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                 mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
+                 mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                 scale: Float32, has_dlse: Int32, win_left: Int32, win_right: Int32,
+                 nbatch: Int32, grid_m: Int32, grid_n: Int32, stream):
+        dt = self.dtype
+        D = self.D
+        bm, bn = self.bm, self.bn
+        q4, k4, v4, o4, do4 = [self._to4(t) for t in (mQ, mK, mV, mO, mdO)]
+        dq4, dk4, dv4, dqacc4 = [self._to4(t) for t in (mdQ, mdK, mdV, mdQacc)]
+        lse3, dlse3, lse23, delta3 = [self._to3(t) for t in (mLSE, mdLSE, mLSE2, mDelta)]
+        B4 = q4.shape[0]
+        Sq4 = q4.shape[1]
+        Sk4 = k4.shape[1]
+        H = q4.shape[2]
+        Hkv = k4.shape[2]
+        qhead_per_kv = H // Hkv
+
+        # shared-memory layouts (swizzle separated later onto the pointer)
+        atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
+        l_q = cute.tile_to_shape(atom_d, (bm, D), order=(0, 1))
+        l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
+        l_p = cute.tile_to_shape(atom_d, (bm, bn), order=(0, 1))
+
+        mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
+                                              tiler_mn=(64, bn))
+        mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.MN, Major.MN, Float32, (1, 1, 1),
+                                              tiler_mn=(64, D))
+        mma_dq = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
+                                             tiler_mn=(64, D))
+
+        # TMA over (S, D, H, B) views
+        def sdhb(t):
+            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+        G2S = cpasync.CopyBulkTensorTileG2SOp
+        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), sdhb(q4), l_q, (bm, D))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), sdhb(do4), l_q, (bm, D))
+        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), sdhb(k4), l_k, (bn, D))
+        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), sdhb(v4), l_k, (bn, D))
+
+        scale_log2 = scale * Float32(LOG2E)
+
+        nrow_blk_q = (Sq4 + 127) // 128
+        self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
+            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+
+        self._main(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, lse23, delta3, dqacc4, dk4, dv4,
+                   mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
+                   mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p).launch(
+            grid=(grid_n, Hkv, nbatch), block=(NTHREADS, 1, 1), stream=stream)
+
+        if cutlass.const_expr(self.deterministic):
+            self._dq(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, lse23, delta3, dqacc4,
+                     mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale_log2, win_left, win_right,
+                     mma_sdp, mma_dq, l_q, l_k, l_p).launch(
+                grid=(grid_m, H, nbatch), block=(NTHREADS, 1, 1), stream=stream)
+
+        self._postprocess(dqacc4, dq4, scale).launch(
+            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+
+        if cutlass.const_expr(self.varlen):
+            nrow_blk_k = (Sk4 + 127) // 128
+            self._zero_tail(dk4, dv4, mCuK).launch(
+                grid=(nrow_blk_k, Hkv, 1), block=(128, 1, 1), stream=stream)
+
+    # ------------------------------------------------------------ helpers
+    @cute.jit
+    def _seg(self, mCu: cute.Tensor, b, S_dense):
+        """(batch index into the 4-D view, row offset, segment length)."""
+        bb = b
+        off = Int32(0)
+        slen = S_dense
+        if cutlass.const_expr(self.varlen):
+            bb = Int32(0)
+            off = mCu[b]
+            slen = mCu[b + 1] - off
+        return bb, off, slen
+
+    # --------------------------------------------------------- preprocess
+    @cute.kernel
+    def _preprocess(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                    mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, has_dlse: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        row = bx * 128 + tid
+        if row < mO.shape[1]:
+            acc = Float32(0.0)
+            for d in cutlass.range_constexpr(self.D):
+                acc += Float32(mO[b, row, h, d]) * Float32(mdO[b, row, h, d])
+            if has_dlse != 0:
+                acc = acc - mdLSE[b, h, row]
+            lse = mLSE[b, h, row]
+            lse2 = lse * Float32(LOG2E)
+            if lse == -Float32.inf:
+                lse2 = Float32.inf
+            mLSE2[b, h, row] = lse2
+            mDelta[b, h, row] = acc
+            for d in cutlass.range_constexpr(self.D):
+                mdQacc[b, row, h, d] = Float32(0.0)
+
+    # -------------------------------------------------------- postprocess
+    @cute.kernel
+    def _postprocess(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, scale: Float32):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        row = bx * 128 + tid
+        if row < mdQ.shape[1]:
+            for d in cutlass.range_constexpr(self.D):
+                mdQ[b, row, h, d] = (mdQacc[b, row, h, d] * scale).to(self.dtype)
+
+    @cute.kernel
+    def _zero_tail(self, mdK: cute.Tensor, mdV: cute.Tensor, mCuK: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, h, _ = cute.arch.block_idx()
+        row = bx * 128 + tid
+        total = mCuK[mCuK.shape[0] - 1]
+        if row < mdK.shape[1]:
+            if row >= total:
+                for d in cutlass.range_constexpr(self.D):
+                    mdK[0, row, h, d] = Float32(0.0).to(self.dtype)
+                    mdV[0, row, h, d] = Float32(0.0).to(self.dtype)
+
+    # ------------------------------------------------------- shared parts
+    @cute.jit
+    def _p_ds(self, acc_S: cute.Tensor, acc_dP: cute.Tensor, tScS: cute.Tensor, sLSE: cute.Tensor,
+              sDelta: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2):
+        """acc_S <- P, acc_dP <- dS (fp32), with masks; rows/cols are tile coordinates."""
+        for e in cutlass.range_constexpr(cute.size(acc_S)):
+            r, c = tScS[e]
+            i = i0 + r
+            j = j0 + c
+            lse2 = sLSE[r]
+            dl = sDelta[r]
+            arg = cutlass.min(acc_S[e] * scale_log2 - lse2, Float32(0.0))
+            p = cute.math.exp2(arg, fastmath=True)
+            ok = (i < slen_q) & (j < slen_k) & (j >= i + off - win_left) & (j <= i + off + win_right)
+            p = cutlass.select_(ok, p, Float32(0.0))
+            acc_S[e] = p
+            acc_dP[e] = p * (acc_dP[e] - dl)
+
+    # --------------------------------------------------------------- main
+    @cute.kernel
+    def _main(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
+              tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
+              mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
+              mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+              Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
+              win_left: Int32, win_right: Int32,
+              mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+              l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout):
+        dt = self.dtype
+        D = self.D
+        bm, bn = self.bm, self.bn
+        tid, _, _ = cute.arch.thread_idx()
+        nb, hkv, b = cute.arch.block_idx()
+
+        smem = SmemAllocator()
+        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
+        sDelta = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
+        bars = smem.allocate_array(Int64, 2, byte_alignment=8)
+        bar_kv = bars
+        bar_q = bars + 1
+
+        bb, off_q, slen_q = self._seg(mCuQ, b, Sq)
+        _, off_k, slen_k = self._seg(mCuK, b, Sk)
+        n0 = nb * bn
+
+        if tid == 0:
+            cute.arch.mbarrier_init(bar_kv, 1)
+            cute.arch.mbarrier_init(bar_q, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if n0 < slen_k:
+            off = slen_k - slen_q
+            # query rows that can see some key of [n0, n0 + bn)
+            i_lo = cutlass.max(n0 - off - win_right, Int32(0))
+            i_hi = cutlass.min(n0 + bn - 1 - off + win_left, slen_q - 1)
+            m_min = i_lo // bm
+            m_max = (cutlass.max(i_hi + 1, Int32(0)) + bm - 1) // bm
+            nm = cutlass.max(m_max - m_min, Int32(0))
+            n_iter = nm * qhead_per_kv
+
+            # K, V tiles once
+            gK_t = cute.local_tile(cute.domain_offset((off_k, 0), gk[None, None, hkv, bb]), (bn, D), (nb, 0))
+            gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
+            tsK, tgK = _tma_part(tma_k, sK, gK_t)
+            tsV, tgV = _tma_part(tma_v, sV, gV_t)
+            if tid == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
+                cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
+
+            thr_sdp = mma_sdp.get_slice(tid)
+            thr_dkv = mma_dkv.get_slice(tid)
+            thr_dq = mma_dq.get_slice(tid)
+            tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+            tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+            tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+            tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+            tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sP)))
+            tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transpose(sdO)))
+            tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sdS)))
+            tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transpose(sQ)))
+            tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS))
+            tQrKt = mma_dq.make_fragment_B(thr_dq.partition_B(_transpose(sK)))
+
+            tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bn)))
+            tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bn, D)))
+            tQc = thr_dq.partition_C(cute.make_identity_tensor((bm, D)))
+            tPsP = thr_sdp.partition_C(sP)
+            tPsdS = thr_sdp.partition_C(sdS)
+
+            acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
+            acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
+            acc_dK = cute.make_rmem_tensor(tKVc.shape, Float32)
+            acc_dV = cute.make_rmem_tensor(tKVc.shape, Float32)
+            acc_dQ = cute.make_rmem_tensor(tQc.shape, Float32)
+            rP = cute.make_rmem_tensor(tScS.shape, dt)
+            rdS = cute.make_rmem_tensor(tScS.shape, dt)
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
+            mma_sdp.set(wg.Field.ACCUMULATE, True)
+            mma_dkv.set(wg.Field.ACCUMULATE, True)
+            mma_dq.set(wg.Field.ACCUMULATE, True)
+
+            cute.arch.mbarrier_wait(bar_kv, 0)
+
+            for it in cutlass.range(n_iter, unroll=1):
+                hq = hkv * qhead_per_kv + it // nm
+                m = m_min + it % nm
+                i0 = m * bm
+                cute.arch.sync_threads()  # previous tile fully consumed
+                gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (m, 0))
+                gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (m, 0))
+                tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
+                tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
+                if tid == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+                    cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
+                    cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
+                if tid < bm:
+                    row = i0 + tid
+                    l2 = Float32.inf
+                    dl = Float32(0.0)
+                    if row < slen_q:
+                        l2 = mLSE2[bb, hq, off_q + row]
+                        dl = mDelta[bb, hq, off_q + row]
+                    sLSE[tid] = l2
+                    sDelta[tid] = dl
+                cute.arch.sync_threads()
+                cute.arch.mbarrier_wait(bar_q, it % 2)
+
+                acc_S.fill(0.0)
+                acc_dP.fill(0.0)
+                wg.fence()
+                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    cute.gemm(mma_sdp, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb], acc_S)
+                for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
+                    cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb], tPrV[None, None, kb], acc_dP)
+                wg.commit_group()
+                wg.wait_group(0)
+
+                self._p_ds(acc_S, acc_dP, tScS, sLSE, sDelta, i0, n0, slen_q, slen_k, off,
+                           win_left, win_right, scale_log2)
+                rP.store(acc_S.load().to(dt))
+                rdS.store(acc_dP.load().to(dt))
+                cute.autovec_copy(rP, tPsP)
+                cute.autovec_copy(rdS, tPsdS)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_threads()
+
+                if cutlass.const_expr(not self.deterministic):
+                    acc_dQ.fill(0.0)
+                wg.fence()
+                for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
+                    cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb], acc_dV)
+                for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
+                    cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb], acc_dK)
+                if cutlass.const_expr(not self.deterministic):
+                    for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                        cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[None, None, kb], acc_dQ)
+                wg.commit_group()
+                wg.wait_group(0)
+
+                if cutlass.const_expr(not self.deterministic):
+                    for e in cutlass.range_constexpr(cute.size(acc_dQ)):
+                        r, c = tQc[e]
+                        i = i0 + r
+                        if i < slen_q:
+                            ptr = mdQacc.iterator + cute.crd2idx((bb, off_q + i, hq, c), mdQacc.layout)
+                            cute.arch.red(ptr, acc_dQ[e], op="add", dtype=Float32, sem="relaxed",
+                                          scope="gpu")
+
+            # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
+            for e in cutlass.range_constexpr(cute.size(acc_dK)):
+                r, c = tKVc[e]
+                j = n0 + r
+                if j < slen_k:
+                    mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(dt)
+                    mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(dt)
+
+    # ----------------------------------------------------- deterministic dQ
+    @cute.kernel
+    def _dq(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
+            tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
+            mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
+            mCuQ: cute.Tensor, mCuK: cute.Tensor, Sq, Sk, qhead_per_kv, scale_log2: Float32,
+            win_left: Int32, win_right: Int32,
+            mma_sdp: cute.TiledMma, mma_dq: cute.TiledMma,
+            l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout):
+        dt = self.dtype
+        D = self.D
+        bm, bn = self.bm, self.bn
+        tid, _, _ = cute.arch.thread_idx()
+        mb, hq, b = cute.arch.block_idx()
+        hkv = hq // qhead_per_kv
+
+        smem = SmemAllocator()
+        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
+        sDelta = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
+        bars = smem.allocate_array(Int64, 2, byte_alignment=8)
+        bar_q = bars
+        bar_kv = bars + 1
+
+        bb, off_q, slen_q = self._seg(mCuQ, b, Sq)
+        _, off_k, slen_k = self._seg(mCuK, b, Sk)
+        i0 = mb * bm
+
+        if tid == 0:
+            cute.arch.mbarrier_init(bar_kv, 1)
+            cute.arch.mbarrier_init(bar_q, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if i0 < slen_q:
+            off = slen_k - slen_q
+            j_lo = cutlass.max(i0 + off - win_left, Int32(0))
+            j_hi = cutlass.min(i0 + bm - 1 + off + win_right, slen_k - 1)
+            n_min = j_lo // bn
+            n_max = (cutlass.max(j_hi + 1, Int32(0)) + bn - 1) // bn
+            nn = cutlass.max(n_max - n_min, Int32(0))
+
+            gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (mb, 0))
+            gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (mb, 0))
+            tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
+            tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
+            if tid == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+                cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
+                cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
+            if tid < bm:
+                row = i0 + tid
+                l2 = Float32.inf
+                dl = Float32(0.0)
+                if row < slen_q:
+                    l2 = mLSE2[bb, hq, off_q + row]
+                    dl = mDelta[bb, hq, off_q + row]
+                sLSE[tid] = l2
+                sDelta[tid] = dl
+
+            thr_sdp = mma_sdp.get_slice(tid)
+            thr_dq = mma_dq.get_slice(tid)
+            tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+            tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+            tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+            tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+            tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS))
+            tQrKt = mma_dq.make_fragment_B(thr_dq.partition_B(_transpose(sK)))
+            tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bn)))
+            tQc = thr_dq.partition_C(cute.make_identity_tensor((bm, D)))
+            tPsdS = thr_sdp.partition_C(sdS)
+            acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
+            acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
+            acc_dQ = cute.make_rmem_tensor(tQc.shape, Float32)
+            rdS = cute.make_rmem_tensor(tScS.shape, dt)
+            acc_dQ.fill(0.0)
+            mma_sdp.set(wg.Field.ACCUMULATE, True)
+            mma_dq.set(wg.Field.ACCUMULATE, True)
+            cute.arch.mbarrier_wait(bar_q, 0)
+
+            for it in cutlass.range(nn, unroll=1):
+                nb = n_min + it
+                j0 = nb * bn
+                cute.arch.sync_threads()  # previous K/V/dS consumed; sLSE visible on first pass
+                gK_t = cute.local_tile(cute.domain_offset((off_k, 0), gk[None, None, hkv, bb]), (bn, D), (nb, 0))
+                gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
+                tsK, tgK = _tma_part(tma_k, sK, gK_t)
+                tsV, tgV = _tma_part(tma_v, sV, gV_t)
+                if tid == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                    cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
+                    cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
+                cute.arch.mbarrier_wait(bar_kv, it % 2)
+
+                acc_S.fill(0.0)
+                acc_dP.fill(0.0)
+                wg.fence()
+                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    cute.gemm(mma_sdp, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb], acc_S)
+                for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
+                    cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb], tPrV[None, None, kb], acc_dP)
+                wg.commit_group()
+                wg.wait_group(0)
+
+                self._p_ds(acc_S, acc_dP, tScS, sLSE, sDelta, i0, j0, slen_q, slen_k, off,
+                           win_left, win_right, scale_log2)
+                rdS.store(acc_dP.load().to(dt))
+                cute.autovec_copy(rdS, tPsdS)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_threads()
+
+                wg.fence()
+                for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                    cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[None, None, kb], acc_dQ)
+                wg.commit_group()
+                wg.wait_group(0)
+
+            for e in cutlass.range_constexpr(cute.size(acc_dQ)):
+                r, c = tQc[e]
+                i = i0 + r
+                if i < slen_q:
+                    mdQacc[bb, off_q + i, hq, c] = acc_dQ[e]

@@ -1,0 +1,43 @@
+"""Racecheck / memcheck of one small backward config (non-deterministic and deterministic, GQA 2:1, causal).
+
+Usage (on the GPU machine, repo root):
+    compute-sanitizer --tool racecheck python tests/gpu/sanitize_bwd.py
+    compute-sanitizer --tool memcheck  python tests/gpu/sanitize_bwd.py
+    python tests/gpu/sanitize_bwd.py --all      # runs both tools on itself and fails on any reported error
+"""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_once():
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    sys.path.insert(0, HERE)
+    from test_flash_bwd import check
+    check("sanitize dense", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, causal=True)
+    check("sanitize det", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, causal=True, deterministic=True)
+    check("sanitize varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
+          Tq=75, Tk=96)
+    torch.cuda.synchronize()
+    print("sanitize_bwd: run ok")
+
+
+def main():
+    if "--all" in sys.argv:
+        bad = 0
+        for tool in ("racecheck", "memcheck"):
+            cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", sys.executable,
+                   os.path.abspath(__file__)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            tail = (r.stdout + r.stderr)[-3000:]
+            print(f"== {tool}: rc={r.returncode}\n{tail}")
+            bad |= r.returncode != 0
+        sys.exit(1 if bad else 0)
+    run_once()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""GPU tests of the sm90 flash-attention backward (ops/flash_attention/bwd.py).
+
+Reference: float64 analytic gradients from the same bf16/fp16 inputs ("exact"), and an fp32 "floor" that recomputes
+like a flash kernel (P from the stored fp32 LSE, Delta from the stored rounded O, P and dS rounded to the input dtype
+before the matmuls that consume them, results rounded to the dtype). Gate: relRMS(kernel-exact) <= 2 x
+relRMS(floor-exact) + 1e-6. The forward input (out, lse) comes from the torch fp32 reference (out rounded to dtype).
+Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (bench table:  python tests/gpu/test_flash_bwd.py bench)
+"""
+import math
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ops.flash_attention.bwd import flash_attn_bwd  # noqa: E402
+from reference import attention_ref, visible_mask  # noqa: E402
+
+DEV = "cuda"
+
+
+def alloc(shape, dtype):
+    dt = {"float32": torch.float32, "int32": torch.int32}[dtype]
+    if dt == torch.float32:
+        return torch.full(tuple(shape), float("nan"), dtype=dt, device=DEV)
+    return torch.full(tuple(shape), -123457, dtype=dt, device=DEV)
+
+
+# ----------------------------------------------------------------------------------------------- references
+def _bwd_dense(q, k, v, out, dout, lse, dlse, *, causal, window, scale, upcast, round_to):
+    """Gradients for one dense problem q [B,Sq,H,D], k/v [B,Sk,Hkv,D]. exact: upcast=f64, round_to=None (uses its
+    own O/LSE); floor: upcast=f32, round_to=dtype (uses the stored out/lse, rounds P, dS and the results)."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    g = H // Hkv
+    qf = q.to(upcast).permute(0, 2, 1, 3)
+    kf = k.to(upcast).repeat_interleave(g, dim=2).permute(0, 2, 1, 3)
+    vf = v.to(upcast).repeat_interleave(g, dim=2).permute(0, 2, 1, 3)
+    dof = dout.to(upcast).permute(0, 2, 1, 3)
+    vis = visible_mask(Sq, Sk, causal=causal, window=window, device=q.device)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    s = s.masked_fill(~vis, float("-inf"))
+    if round_to is None:
+        m = s.amax(-1, keepdim=True)
+        dead = torch.isneginf(m)
+        L = torch.where(dead, torch.zeros_like(m), m) + torch.log(
+            torch.exp(s - torch.where(dead, torch.zeros_like(m), m)).sum(-1, keepdim=True))
+        L = torch.where(dead, torch.full_like(L, float("inf")), L)
+        p = torch.exp(s - L)
+        o = torch.matmul(p, vf)
+    else:
+        L = lse.to(upcast).unsqueeze(-1)
+        L = torch.where(torch.isneginf(L), torch.full_like(L, float("inf")), L)
+        p = torch.exp(torch.clamp(s - L, max=0.0))
+        p = torch.where(vis, p, torch.zeros_like(p))
+        o = out.to(upcast).permute(0, 2, 1, 3)
+    delta = (o * dof).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(upcast).unsqueeze(-1)
+    pr = p.to(round_to).to(upcast) if round_to is not None else p
+    dv = torch.matmul(pr.transpose(-1, -2), dof)
+    dp = torch.matmul(dof, vf.transpose(-1, -2))
+    ds = p * (dp - delta)
+    dsr = ds.to(round_to).to(upcast) if round_to is not None else ds
+    dq = torch.matmul(dsr, kf) * scale
+    dk = torch.matmul(dsr.transpose(-1, -2), qf) * scale
+    dk = dk.reshape(B, Hkv, g, Sk, D).sum(2)
+    dv = dv.reshape(B, Hkv, g, Sk, D).sum(2)
+    res = [dq.permute(0, 2, 1, 3), dk.permute(0, 2, 1, 3), dv.permute(0, 2, 1, 3)]
+    if round_to is not None:
+        res = [x.to(round_to).to(upcast) for x in res]
+    return res
+
+
+def bwd_ref(q, k, v, out, dout, lse, dlse, *, causal, window, scale, cu_q=None, cu_k=None, exact=True):
+    kw = dict(causal=causal, window=window, scale=scale,
+              upcast=torch.float64 if exact else torch.float32, round_to=None if exact else q.dtype)
+    if cu_q is None:
+        return _bwd_dense(q, k, v, out, dout, lse, dlse, **kw)
+    up = kw["upcast"]
+    dq = torch.zeros(q.shape, dtype=up, device=q.device)
+    dk = torch.zeros(k.shape, dtype=up, device=q.device)
+    dv = torch.zeros(v.shape, dtype=up, device=q.device)
+    cq, ck = [int(x) for x in cu_q.tolist()], [int(x) for x in cu_k.tolist()]
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        r = _bwd_dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1], dout[None, q0:q1],
+                       lse[None, :, q0:q1], None if dlse is None else dlse[None, :, q0:q1], **kw)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = r[0][0], r[1][0], r[2][0]
+    return dq, dk, dv
+
+
+def rel_rms(x, ref):
+    x, ref = x.double(), ref.double()
+    num = (x - ref).pow(2).mean().sqrt()
+    den = ref.pow(2).mean().sqrt()
+    return float(num / den) if float(den) > 0 else float(num)
+
+
+# -------------------------------------------------------------------------------------------------- harness
+def make_inputs(B, Sq, Sk, H, Hkv, D, dtype, *, causal, window, scale, cu_q=None, cu_k=None, Tq=None, Tk=None,
+                dout_zero=False, with_dlse=False, seed=0, mag=1.0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    if cu_q is None:
+        qs, ks = (B, Sq, H, D), (B, Sk, Hkv, D)
+    else:
+        qs, ks = (Tq, H, D), (Tk, Hkv, D)
+    q = (torch.randn(qs, generator=gen, device=DEV) * mag).to(dtype)
+    k = (torch.randn(ks, generator=gen, device=DEV) * mag).to(dtype)
+    v = torch.randn(ks, generator=gen, device=DEV).to(dtype)
+    out32, lse = attention_ref(q, k, v, causal=causal, window=window, softmax_scale=scale,
+                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, upcast=torch.float32)
+    out = out32.to(dtype)
+    lse = lse.float().contiguous()
+    dout = torch.zeros_like(q) if dout_zero else torch.randn(qs, generator=gen, device=DEV).to(dtype)
+    dlse = torch.randn(lse.shape, generator=gen, device=DEV) if with_dlse else None
+    return q, k, v, out, dout, lse, dlse
+
+
+def run_kernel(q, k, v, out, dout, lse, dlse, *, causal, window, scale, cu_q=None, cu_k=None, mq=0, mk=0,
+               deterministic=False):
+    dq = torch.full_like(q, float("nan"))
+    dk = torch.full_like(k, float("nan"))
+    dv = torch.full_like(v, float("nan"))
+    flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse, softmax_scale=scale, causal=causal,
+                   window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
+                   deterministic=deterministic, alloc=alloc, stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return dq, dk, dv
+
+
+def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, causal=False, window=(-1, -1),
+          scale=None, cu_q=None, cu_k=None, Tq=None, Tk=None, dout_zero=False, with_dlse=False,
+          deterministic=False, seed=0, mag=1.0):
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if cu_q is not None:
+        cu_q = torch.tensor(cu_q, dtype=torch.int32, device=DEV)
+        cu_k = torch.tensor(cu_k, dtype=torch.int32, device=DEV)
+    q, k, v, out, dout, lse, dlse = make_inputs(B, Sq, Sk, H, Hkv, D, dtype, causal=causal, window=window,
+                                                scale=scale, cu_q=cu_q, cu_k=cu_k, Tq=Tq, Tk=Tk,
+                                                dout_zero=dout_zero, with_dlse=with_dlse, seed=seed, mag=mag)
+    mq = mk = 0
+    if cu_q is not None:
+        mq = int((cu_q[1:] - cu_q[:-1]).max())
+        mk = int((cu_k[1:] - cu_k[:-1]).max())
+    got = run_kernel(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q,
+                     cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic)
+    ex = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k)
+    fl = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k,
+                 exact=False)
+    msgs = []
+    for name, g_, e_, f_ in zip(("dq", "dk", "dv"), got, ex, fl):
+        assert torch.isfinite(g_).all(), f"{case}: {name} has non-finite values ({(~torch.isfinite(g_)).sum()})"
+        ek, ef = rel_rms(g_, e_), rel_rms(f_, e_)
+        ok = ek <= 2.0 * ef + 1e-6
+        msgs.append(f"{name} k={ek:.3e} f={ef:.3e} r={ek / max(ef, 1e-30):.2f}")
+        assert ok, f"{case}: {name} relRMS {ek:.3e} > 2 x floor {ef:.3e}; " + "; ".join(msgs)
+    print(f"[bwd] {case}: " + "; ".join(msgs))
+    return got, (q, k, v, out, dout, lse, dlse)
+
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_basic(dt, D, causal):
+    check(f"dense {dt} D{D} causal={causal}", B=2, Sq=128, Sk=128, H=2, Hkv=2, D=D, dtype=DT[dt], causal=causal)
+
+
+@pytest.mark.parametrize("S", [1, 17, 255, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlens(S, causal):
+    check(f"S={S} causal={causal}", B=1, Sq=S, Sk=S, H=2, Hkv=2, D=128, causal=causal)
+
+
+@pytest.mark.parametrize("sq,sk", [(113, 203), (300, 190), (1, 257), (255, 17)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sq_ne_sk(sq, sk, causal):
+    check(f"Sq={sq} Sk={sk} causal={causal}", B=2, Sq=sq, Sk=sk, H=2, Hkv=1, D=64, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_8to1(causal):
+    check(f"GQA 8:1 causal={causal}", B=1, Sq=255, Sk=255, H=8, Hkv=1, D=128, causal=causal)
+
+
+@pytest.mark.parametrize("window,causal", [((32, 16), False), ((64, -1), True), ((-1, 0), False),
+                                           ((0, 0), False), ((100, 7), True)])
+def test_window(window, causal):
+    check(f"window={window} causal={causal}", B=1, Sq=300, Sk=257, H=2, Hkv=2, D=64, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen(causal, deterministic):
+    cu_q = [0, 0, 1, 18, 300, 301, 301]
+    cu_k = [0, 5, 5, 40, 200, 201, 330]
+    check(f"varlen causal={causal} det={deterministic}", H=4, Hkv=2, D=128, causal=causal, cu_q=cu_q, cu_k=cu_k,
+          Tq=320, Tk=345, deterministic=deterministic)
+
+
+def test_varlen_window_fp16():
+    check("varlen window fp16", H=2, Hkv=2, D=64, dtype=torch.float16, window=(20, 3), cu_q=[0, 70, 70, 200],
+          cu_k=[0, 100, 130, 131], Tq=200, Tk=140)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dlse(deterministic):
+    check(f"dlse det={deterministic}", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=64, causal=True, with_dlse=True,
+          deterministic=deterministic)
+
+
+def test_lse_only_loss_dv_exactly_zero():
+    got, _ = check("lse-only", B=1, Sq=200, Sk=200, H=2, Hkv=2, D=64, causal=True, dout_zero=True, with_dlse=True)
+    assert torch.count_nonzero(got[2]) == 0, "dV must be exactly 0 for an LSE-only loss"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_deterministic_numerics(D):
+    check(f"deterministic D{D}", B=2, Sq=255, Sk=300, H=4, Hkv=2, D=D, causal=True, deterministic=True)
+
+
+def test_deterministic_bitwise_100():
+    scale = 0.125
+    q, k, v, out, dout, lse, dlse = make_inputs(1, 200, 200, 2, 1, 64, torch.bfloat16, causal=True,
+                                                window=(-1, -1), scale=scale, seed=3)
+    ref = run_kernel(q, k, v, out, dout, lse, dlse, causal=True, window=(-1, -1), scale=scale, deterministic=True)
+    for _ in range(100):
+        got = run_kernel(q, k, v, out, dout, lse, dlse, causal=True, window=(-1, -1), scale=scale,
+                         deterministic=True)
+        for a, b in zip(ref, got):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), "deterministic rerun differs"
+
+
+def test_seed000_dv_finite():
+    """flash-dmattn #121 (seed 000): B1 H1 S256 D64 causal bf16, loss = out.sum(): dV finite and within tolerance."""
+    scale = 1.0 / 8.0
+    gen = torch.Generator(device=DEV).manual_seed(42)
+    q = torch.randn(1, 256, 1, 64, generator=gen, device=DEV).to(torch.bfloat16)
+    k = torch.randn(1, 256, 1, 64, generator=gen, device=DEV).to(torch.bfloat16)
+    v = torch.randn(1, 256, 1, 64, generator=gen, device=DEV).to(torch.bfloat16)
+    out32, lse = attention_ref(q, k, v, causal=True, softmax_scale=scale, upcast=torch.float32)
+    out, lse = out32.to(torch.bfloat16), lse.float().contiguous()
+    dout = torch.ones_like(q)
+    got = run_kernel(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale)
+    ex = bwd_ref(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale)
+    fl = bwd_ref(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale, exact=False)
+    assert torch.isfinite(got[2]).all()
+    for g_, e_, f_ in zip(got, ex, fl):
+        assert torch.isfinite(g_).all()
+        assert rel_rms(g_, e_) <= 2 * rel_rms(f_, e_) + 1e-6
+
+
+def test_sharp_softmax_and_zero_scale():
+    check("sharp logits", B=1, Sq=257, Sk=519, H=1, Hkv=1, D=64, mag=4.0, causal=True)
+    got, _ = check("scale 0", B=1, Sq=100, Sk=100, H=1, Hkv=1, D=64, scale=0.0)
+    assert torch.count_nonzero(got[0]) == 0 and torch.count_nonzero(got[1]) == 0
+
+
+def test_through_forward_kernel():
+    try:
+        from ops.flash_attention.fwd import flash_attn_fwd
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"forward kernel not importable: {e}")
+    B, S, H, D, scale = 1, 300, 2, 128, 1.0 / math.sqrt(128)
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    q, k, v, dout = [torch.randn(B, S, H, D, generator=gen, device=DEV).to(torch.bfloat16) for _ in range(4)]
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, S, dtype=torch.float32, device=DEV)
+    try:
+        flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=True, window=(-1, -1),
+                       stream=torch.cuda.current_stream().cuda_stream)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"forward kernel failed: {e}")
+    torch.cuda.synchronize()
+    got = run_kernel(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale)
+    ex = bwd_ref(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale)
+    fl = bwd_ref(q, k, v, out, dout, lse, None, causal=True, window=(-1, -1), scale=scale, exact=False)
+    for g_, e_, f_ in zip(got, ex, fl):
+        assert torch.isfinite(g_).all()
+        assert rel_rms(g_, e_) <= 2 * rel_rms(f_, e_) + 1e-6
+
+
+# ------------------------------------------------------------------------------------------------------ bench
+def bench():
+    rows = []
+    for (B, S, H, D, causal, det) in [(2, 4096, 16, 128, False, False), (2, 4096, 16, 128, True, False),
+                                      (2, 4096, 16, 64, True, False), (2, 4096, 16, 128, True, True)]:
+        q, k, v, dout = [torch.randn(B, S, H, D, device=DEV, dtype=torch.bfloat16) for _ in range(4)]
+        out = torch.randn_like(q) * 0.1
+        lse = torch.full((B, H, S), 8.0, device=DEV)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def call():
+            flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
+                           window=(-1, -1), deterministic=det, alloc=alloc,
+                           stream=torch.cuda.current_stream().cuda_stream)
+        call()
+        torch.cuda.synchronize()
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        n = 5
+        for _ in range(n):
+            call()
+        en.record()
+        torch.cuda.synchronize()
+        ms = st.elapsed_time(en) / n
+        flops = 10.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+        rows.append(f"B{B} S{S} H{H} D{D} causal={causal} det={det}: {ms:.3f} ms  {flops / ms / 1e9:.1f} TFLOP/s")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "bench":
+        bench()
