@@ -1,0 +1,42 @@
+"""One small forward config per path (dense causal GQA, varlen) for compute-sanitizer racecheck/memcheck."""
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
+
+
+def main():
+    torch.manual_seed(0)
+    dev = "cuda"
+    q = torch.randn(1, 200, 4, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, 150, 2, 64, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 4, 200), float("nan"), device=dev)
+    flash_attn_fwd(q, k, v, out, lse, softmax_scale=1 / 8, causal=True, window=(-1, -1),
+                   stream=torch.cuda.current_stream().cuda_stream)
+    cu_q = torch.tensor([0, 70, 70, 171], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 130, 131, 131], dtype=torch.int32, device=dev)
+    qv = torch.randn(180, 2, 128, device=dev, dtype=torch.float16)
+    kv = torch.randn(140, 1, 128, device=dev, dtype=torch.float16)
+    vv = torch.randn_like(kv)
+    ov = torch.full_like(qv, float("nan"))
+    lv = torch.full((2, 180), float("nan"), device=dev)
+    flash_attn_fwd(qv, kv, vv, ov, lv, softmax_scale=1 / math.sqrt(128), causal=False, window=(32, 8),
+                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=101, max_seqlen_k=130,
+                   stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    bad = int(torch.isnan(out).sum() + torch.isnan(lse).sum() + torch.isnan(ov).sum() + torch.isnan(lv).sum())
+    print("sanitize_fwd: unwritten (NaN) elements:", bad)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
