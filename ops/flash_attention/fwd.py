@@ -106,8 +106,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         dev = x.__dlpack_device__()
         if int(dev[0]) != _KDL_CUDA:
             raise ValueError(f"{name}: must be on a CUDA device, got DLPack device {tuple(dev)}")
-    ct = {name: from_dlpack(x, assumed_align=16 if name in ("q", "k", "v", "out") else 4)
-          for name, x in named.items()}
+    ct = {name: from_dlpack(x) for name, x in named.items()}  # for validation only (no alignment assumed)
 
     dt = ct["q"].element_type
     dtype_name = {cutlass.BFloat16: "bfloat16", cutlass.Float16: "float16"}.get(dt)
@@ -172,12 +171,16 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
 
-    args = [ct["q"].mark_layout_dynamic(leading_dim=nd - 1), ct["k"].mark_layout_dynamic(leading_dim=nd - 1),
-            ct["v"].mark_layout_dynamic(leading_dim=nd - 1), ct["out"].mark_layout_dynamic(leading_dim=nd - 1),
-            ct["lse"].mark_layout_dynamic(leading_dim=len(ls) - 1)]
+    if int(ct["lse"].stride[-1]) != 1 or int(ct["lse"].iterator._pointer) % 4:
+        raise ValueError("lse: innermost stride must be 1 and the base 4-byte aligned")
+
+    def dyn(name, align):
+        t = from_dlpack(named[name], assumed_align=align)
+        return t.mark_layout_dynamic(leading_dim=len(t.shape) - 1)
+
+    args = [dyn("q", 16), dyn("k", 16), dyn("v", 16), dyn("out", 16), dyn("lse", 4)]
     if varlen:
-        args += [ct["cu_seqlens_q"].mark_layout_dynamic(leading_dim=0),
-                 ct["cu_seqlens_k"].mark_layout_dynamic(leading_dim=0)]
+        args += [dyn("cu_seqlens_q", 4), dyn("cu_seqlens_k", 4)]
     else:
         args += [None, None]
     args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),

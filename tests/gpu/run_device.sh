@@ -14,7 +14,7 @@ declare -a ROWS
 for t in tests/gpu/test_*.py; do
   name=$(basename "$t" .py)
   start=$(date +%s)
-  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rf "$t" --junitxml="$OUT/$name.xml" \
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$t" --junitxml="$OUT/$name.xml" \
     > "$OUT/$name.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
