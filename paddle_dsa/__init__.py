@@ -5,6 +5,11 @@ lazily (on first use of an API name), so ``import paddle_dsa.ops`` works on a ma
 """
 __version__ = "0.1.0"
 
+# The port's import-order step (e.g. Paddle 2.6 needs zlib loaded before paddle) runs here, before any
+# module of paddle_dsa imports paddle. It reads the Paddle release from package metadata and imports no
+# Paddle itself; the port module is selected on first use of paddle_dsa.ports.PORT.
+from . import ports as _ports  # noqa: E402,F401
+
 _FUNCTIONAL = (
     "flash_attention",
     "flash_attention_varlen",

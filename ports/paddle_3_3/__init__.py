@@ -1,41 +1,39 @@
-"""Port for Paddle 3.3: the interface layer between paddle_dsa and this release line.
+"""Port for Paddle 3.3 (tested: 3.3.1): the interface layer between paddle_dsa and this release line.
 
-See PORT.md beside this file for what differs from the other lines.
+Interface: ports/PORT_INTERFACE.md. What differs from the other lines: PORT.md beside this file.
 """
 import paddle
-import paddle.utils.dlpack as _dlpack
+
+from .. import _common as C
 
 NAME = "3.3"
+RELEASES = ("3.3.1",)
+FEATURES = {
+    "dlpack_export": "to_dlpack shim (Tensor.__dlpack__ refuses grad-requiring tensors with BufferError)",
+    "strided_views": "exported as views with their own strides",
+    "fp8": "native (float8_e4m3fn -> Float8E4M3FN, float8_e5m2 -> Float8E5M2)",
+    "stream": "paddle.device.current_stream(dev).stream_base.cuda_stream",
+    "pylayer": "PyLayer; ctx.saved_tensor(); set_grad_in_dtype_consistent available (default True)",
+    "to_static": "full_graph=True refused (NotImplementedError); full_graph=False (SOT) runs eagerly",
+}
 
-_DTYPE_NAMES = (
-    (paddle.bfloat16, "bfloat16"),
-    (paddle.float16, "float16"),
-    (paddle.float32, "float32"),
-    (paddle.float64, "float64"),
-    (paddle.int32, "int32"),
-    (paddle.int64, "int64"),
-    (paddle.bool, "bool"),
-)
-_FROM_NAMES = {name: dt for dt, name in _DTYPE_NAMES}
+_DTYPES = C.DtypeMap(NAME)
 
 
 def dtype_name(dtype):
-    """'bfloat16', 'float16', ... for a Paddle dtype object; the repr of anything else."""
-    for dt, name in _DTYPE_NAMES:
-        if dtype == dt:
-            return name
-    return str(dtype)
+    """'bfloat16', 'float16', ... for a Paddle dtype object; str(dtype) for anything else."""
+    return _DTYPES.name(dtype)
 
 
 def dtype_from_name(name):
-    return _FROM_NAMES[name]
+    return _DTYPES.from_name(name)
 
 
-def is_tensor(x):
-    return isinstance(x, paddle.Tensor)
+is_tensor = C.is_tensor
 
 
 def shape(t):
+    # 3.3's t.shape is a paddle.Size (a list subclass): unhashable, so no good as a cache key.
     return tuple(int(s) for s in t.shape)
 
 
@@ -47,8 +45,9 @@ def needs_grad(t):
     return not t.stop_gradient
 
 
-def saved_tensors(ctx):
-    return ctx.saved_tensor()
+saved_tensors = C.saved_tensors
+grad_wanted = C.grad_wanted
+input_grads = C.input_grads
 
 
 def in_dynamic_mode():
@@ -59,28 +58,26 @@ def to_numpy(t):
     return t.numpy()
 
 
-class _Export:
-    """DLPack view of a Paddle tensor for the kernels: no grad check, no stream synchronisation."""
+def export(t, writable=False):
+    """DLPack export for the DSL without a host sync: same shape, strides and dtype (fp8 included).
 
-    __slots__ = ("t",)
-
-    def __init__(self, t):
-        self.t = t
-
-    def __dlpack__(self, stream=None, **_):
-        return _dlpack.to_dlpack(self.t)
-
-    def __dlpack_device__(self):
-        place = self.t.place
-        if place.is_gpu_place():
-            return (2, place.gpu_device_id())
-        return (1, 0)
+    A view whose data pointer is not ALIGN-aligned is copied (refused when writable=True).
+    """
+    t = t.detach()
+    if not C.aligned(t):
+        C.refuse_copy(t, "its data pointer is not 16-byte aligned", writable)
+        return C.Export(C.fresh_copy(t), copied=True)
+    return C.Export(t)
 
 
-def export(t):
-    return _Export(t.detach())
+def to_cute(t, assumed_align=None, dynamic=False):
+    """cute.Tensor of a Paddle tensor (imports cutlass): from_dlpack(export(t)) with the export's fixes."""
+    return C.to_cute(export(t), assumed_align, dynamic)
 
 
-def stream_handle(t):
-    """The raw handle of Paddle's current CUDA stream on t's device."""
-    return int(paddle.device.current_stream().stream_base.cuda_stream)
+stream_handle = C.stream_handle
+
+
+def dsl_import_error():
+    """None: on 3.3 cutlass can be imported before or after paddle."""
+    return None
