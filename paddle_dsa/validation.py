@@ -128,3 +128,28 @@ def check_cu_seqlens(op, name, cu, total_tokens, max_name, max_seqlen):
         if lens.size and lens.max() > max_seqlen:
             fail(op, f"`{max_name}` = {max_seqlen} is smaller than the longest segment of `{name}` ({int(lens.max())})")
     return shp[0] - 1
+
+
+def check_shape(op, name, x, expected, layout):
+    """x's shape must equal `expected` (a tuple of ints); returns the shape."""
+    shp = PORT.shape(x)
+    if tuple(shp) != tuple(expected):
+        fail(op, f"`{name}` must have shape {list(expected)} ({layout}), got {list(shp)}")
+    return shp
+
+
+def check_optional_int_tensor(op, name, x, expected, layout):
+    """None, or an int32 tensor of shape `expected`."""
+    if x is None:
+        return None
+    check_tensor(op, name, x)
+    check_dtype(op, name, x, ("int32",))
+    check_shape(op, name, x, expected, layout)
+    return x
+
+
+def check_in_table(op, what, value, allowed, hint="the CPU reference path accepts any"):
+    """A value on a GPU place must be in the kernels' supported table (ValueError otherwise)."""
+    if value not in allowed:
+        fail(op, f"{what} {value} is not supported on a GPU place; supported: "
+                 f"{', '.join(map(str, allowed))} ({hint})")

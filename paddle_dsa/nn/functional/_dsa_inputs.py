@@ -1,0 +1,232 @@
+"""Validation and parsing of the DSA ops' arguments into the reference path's token-major layout.
+
+BSHD tensors become [B * S, ...] views and THD tensors stay [T, ...]; a reference._common.Layout holds
+the per-sequence offsets (host ints). Every check runs before any work and raises through
+validation.fail (TypeError for a kind or dtype, ValueError for a shape or value).
+"""
+import warnings
+
+import numpy as np
+
+from ... import validation as V
+from ..._port import PORT
+from ...ops.dsa import supported as SUPPORTED
+from ...reference.dsa import _common as C
+
+REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
+STAT_DTYPES = ("float32", "float64")
+_warned = set()
+
+
+def gpu_fallback_note(op):
+    if op not in _warned:
+        _warned.add(op)
+        warnings.warn(f"paddle_dsa.{op}: no DSA GPU kernel is available yet; running the pure-Paddle "
+                      "reference path on the GPU")
+
+
+def host_ints(t):
+    return np.asarray(PORT.to_numpy(t), dtype=np.int64)
+
+
+class Seq:
+    """The sequence structure of a call: BSHD (batch, sq, sk) or THD (cu_seqlens); built by parse_seq."""
+
+    def __init__(self, thd, batch, tq, tk, sq=None, sk=None, cu_q=None, cu_k=None, cu_q_t=None, cu_k_t=None):
+        self.thd, self.batch, self.tq, self.tk = thd, batch, tq, tk
+        self.sq, self.sk = sq, sk
+        self.cu_q, self.cu_k = cu_q, cu_k          # host int64 arrays (THD)
+        self.cu_tensors = (cu_q_t, cu_k_t)
+
+    def layout(self, q_offsets=None):
+        offs = None if q_offsets is None else host_ints(q_offsets)
+        if self.thd:
+            return C.Layout.thd(self.tq, self.tk, self.cu_q, self.cu_k, offs)
+        return C.Layout.bshd(self.batch, self.sq, self.sk, offs)
+
+    def rows(self):
+        """Shape prefix of per-row tensors: (B, Sq) or (Tq,)."""
+        return (self.tq,) if self.thd else (self.batch, self.sq)
+
+    def row_layout(self):
+        return "[total_q]" if self.thd else "[batch, seq_q]"
+
+
+def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, cu_seqlens_k):
+    """Ranks of the query-side and key-side tensors, and the cu_seqlens pair; returns (Seq, qs, ks)."""
+    V.check_tensor(op, q_name, q)
+    V.check_tensor(op, k_name, k)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        V.fail(op, "`cu_seqlens_q` and `cu_seqlens_k` must be given together (THD) or both left None (BSHD)")
+    if cu_seqlens_q is None:
+        qs = V.check_rank(op, q_name, q, q_rank_bshd, "BSHD")
+        ks = V.check_rank(op, k_name, k, k_rank_bshd, "BSHD")
+        V.check_positive_dims(op, q_name, qs, range(q_rank_bshd))
+        V.check_positive_dims(op, k_name, ks, range(k_rank_bshd))
+        if qs[0] != ks[0]:
+            V.fail(op, f"`{q_name}` batch {qs[0]} != `{k_name}` batch {ks[0]}")
+        seq = Seq(False, qs[0], qs[0] * qs[1], ks[0] * ks[1], sq=qs[1], sk=ks[1])
+    seq.q_ref, seq.k_ref = q, k
+    return seq, qs[2:], ks[2:]
+    qs = V.check_rank(op, q_name, q, q_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
+    ks = V.check_rank(op, k_name, k, k_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
+    V.check_positive_dims(op, q_name, qs, range(1, len(qs)))
+    V.check_positive_dims(op, k_name, ks, range(1, len(ks)))
+    bq = V.check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, qs[0], "the token count", qs[0])
+    bk = V.check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, ks[0], "the token count", ks[0])
+    if bq != bk:
+        V.fail(op, f"`cu_seqlens_q` and `cu_seqlens_k` must describe the same batch, got {bq} and {bk} sequences")
+    V.check_same_place(op, (q_name, "cu_seqlens_q", "cu_seqlens_k"), (q, cu_seqlens_q, cu_seqlens_k))
+    cu_q, cu_k = host_ints(cu_seqlens_q), host_ints(cu_seqlens_k)
+    for name, cu, total in (("cu_seqlens_q", cu_q, qs[0]), ("cu_seqlens_k", cu_k, ks[0])):
+        # The reference path reads the values even when config.check_cu_seqlens_values is off.
+        if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] > total:
+            V.fail(op, f"`{name}` = {cu.tolist()} must start at 0, be non-decreasing and end within the "
+                       f"{total} tokens of its tensor")
+    seq = Seq(True, bq, qs[0], ks[0], cu_q=cu_q, cu_k=cu_k, cu_q_t=cu_seqlens_q, cu_k_t=cu_seqlens_k)
+    seq.q_ref, seq.k_ref = q, k
+    return seq, qs[1:], ks[1:]
+
+
+def flat_rows(seq, x):
+    """[B, S, ...] -> [B * S, ...] (BSHD); THD unchanged."""
+    if seq.thd:
+        return x
+    shp = PORT.shape(x)
+    return x.reshape([shp[0] * shp[1]] + list(shp[2:]))
+
+
+def check_causal(op, seq, causal, ratio, q_offsets):
+    causal = V.check_bool(op, "causal", causal)
+    ratio = V.check_int(op, "ratio", ratio, minimum=1)
+    V.check_optional_int_tensor(op, "q_offsets", q_offsets, (seq.batch,), "int32 [batch]")
+    return causal, ratio
+
+
+def check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k):
+    """index_q [B,Sq,Hi,Di] / [Tq,Hi,Di], index_k [B,Sk,Di] / [Tk,Di], weights [B,Sq,Hi] / [Tq,Hi]."""
+    seq, (hi, di), (dk,) = parse_seq(op, "index_q", index_q, "index_k", index_k, 4, 3, cu_seqlens_q, cu_seqlens_k)
+    V.check_tensor(op, "weights", weights)
+    V.check_dtype(op, "index_q", index_q, REF_DTYPES)
+    V.check_same_dtype(op, ("index_q", "index_k"), (index_q, index_k))
+    V.check_dtype(op, "weights", weights, REF_DTYPES)
+    if dk != di:
+        V.fail(op, f"`index_q` head_dim {di} != `index_k` head_dim {dk}; they must match")
+    V.check_shape(op, "weights", weights, seq.rows() + (hi,), "[batch, seq_q, index_heads]" if not seq.thd
+                  else "[total_q, index_heads]")
+    V.check_same_place(op, ("index_q", "index_k", "weights"), (index_q, index_k, weights))
+    on_gpu = PORT.is_gpu(index_q)
+    if on_gpu:
+        check_indexer_table(op, index_q, weights, hi, di)
+    return seq, hi, di, on_gpu
+
+
+def check_indexer_table(op, index_q, weights, hi, di):
+    dt = PORT.dtype_name(index_q.dtype)
+    if dt not in SUPPORTED.INDEX_DTYPES:
+        V.fail(op, f"`index_q` dtype {dt} is not supported on a GPU place; supported: "
+                   f"{', '.join(SUPPORTED.INDEX_DTYPES)}", TypeError)
+    wt = PORT.dtype_name(weights.dtype)
+    if wt not in SUPPORTED.WEIGHT_DTYPES:
+        V.fail(op, f"`weights` dtype {wt} is not supported on a GPU place; supported: "
+                   f"{', '.join(SUPPORTED.WEIGHT_DTYPES)}", TypeError)
+    V.check_in_table(op, "index head_dim", di, SUPPORTED.INDEX_HEAD_DIMS)
+    V.check_in_table(op, "index head count", hi, SUPPORTED.INDEX_HEADS)
+
+
+def check_attention(op, query, kv, seq=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """query [B,Sq,H,Dqk] / [Tq,H,Dqk], kv [B,Skv,Dqk] / [Tkv,Dqk]. With seq given (the indexer's),
+    query and kv must share its sequence structure (same rows and keys)."""
+    s2, (h, dqk), (dkv,) = parse_seq(op, "query", query, "kv", kv, 4, 3, cu_seqlens_q, cu_seqlens_k)
+    V.check_dtype(op, "query", query, REF_DTYPES)
+    V.check_same_dtype(op, ("query", "kv"), (query, kv))
+    if dkv != dqk:
+        V.fail(op, f"`query` head_dim {dqk} != `kv` head_dim {dkv}; kv holds the keys in all Dqk columns")
+    V.check_same_place(op, ("query", "kv"), (query, kv))
+    if seq is not None:
+        if (s2.tq, s2.tk, s2.batch) != (seq.tq, seq.tk, seq.batch) or s2.sq != seq.sq or s2.sk != seq.sk:
+            n = 1 if seq.thd else 2
+            V.fail(op, f"`query` rows {list(PORT.shape(query))[:n]} and `kv` keys {list(PORT.shape(kv))[:n]} must "
+                       f"match `index_q` rows {list(PORT.shape(seq.q_ref))[:n]} and `index_k` keys "
+                       f"{list(PORT.shape(seq.k_ref))[:n]} (the indexer scores the attention's keys)")
+    return s2, h, dqk
+
+
+def check_attention_table(op, query, h, dqk, dv=None):
+    dt = PORT.dtype_name(query.dtype)
+    if dt not in SUPPORTED.ATTN_DTYPES:
+        V.fail(op, f"`query` dtype {dt} is not supported on a GPU place; supported: "
+                   f"{', '.join(SUPPORTED.ATTN_DTYPES)}", TypeError)
+    dims = [p[0] for p in SUPPORTED.QK_V_HEAD_DIMS]
+    if dv is None:
+        V.check_in_table(op, "query head_dim (Dqk)", dqk, tuple(sorted(set(dims))))
+    else:
+        V.check_in_table(op, "(Dqk, v_head_dim)", (dqk, dv), SUPPORTED.QK_V_HEAD_DIMS)
+    V.check_in_table(op, "query head count", h, SUPPORTED.QUERY_HEADS)
+
+
+def lse_rows(op, seq, softmax_lse, h, place_ref):
+    """softmax_lse float32 [B, H, Sq] (BSHD) or [H, Tq] (THD), as sparse_attention returns -> [Tq, H]."""
+    V.check_tensor(op, "softmax_lse", softmax_lse)
+    V.check_dtype(op, "softmax_lse", softmax_lse, STAT_DTYPES)
+    if seq.thd:
+        V.check_shape(op, "softmax_lse", softmax_lse, (h, seq.tq), "[heads, total_q]")
+        out = softmax_lse.transpose([1, 0])
+    else:
+        V.check_shape(op, "softmax_lse", softmax_lse, (seq.batch, h, seq.sq), "[batch, heads, seq_q]")
+        out = softmax_lse.transpose([0, 2, 1]).reshape([seq.tq, h])
+    V.check_same_place(op, ("query", "softmax_lse"), (place_ref, softmax_lse))
+    return out
+
+
+def check_topk_indices(op, seq, topk_indices, topk_length, place_ref):
+    """topk_indices int32 [B,Sq,K] / [Tq,K] (local to each sequence), topk_length int32 [B,Sq] / [Tq]."""
+    V.check_tensor(op, "topk_indices", topk_indices)
+    V.check_dtype(op, "topk_indices", topk_indices, ("int32",))
+    shp = V.check_rank(op, "topk_indices", topk_indices, len(seq.rows()) + 1,
+                       "[batch, seq_q, topk]" if not seq.thd else "[total_q, topk]")
+    if tuple(shp[:-1]) != seq.rows():
+        V.fail(op, f"`topk_indices` rows {list(shp[:-1])} must match the query rows {list(seq.rows())}")
+    V.check_optional_int_tensor(op, "topk_length", topk_length, seq.rows(), f"int32 {seq.row_layout()}")
+    tensors = [place_ref, topk_indices] + ([] if topk_length is None else [topk_length])
+    V.check_same_place(op, ("query", "topk_indices", "topk_length")[:len(tensors)], tensors)
+    k = shp[-1]
+    idx = flat_rows(seq, topk_indices) if not seq.thd else topk_indices
+    idx = idx.reshape([seq.tq, k])
+    tl = None if topk_length is None else topk_length.reshape([seq.tq])
+    return idx, tl, k
+
+
+def check_row_stats(op, seq, names, tensors, width):
+    """Score tensors [B,Sq,W] / [Tq,W] and row statistics [B,Sq] / [Tq], float32 (or float64)."""
+    out = []
+    for name, t in zip(names, tensors):
+        V.check_tensor(op, name, t)
+        V.check_dtype(op, name, t, STAT_DTYPES)
+        is_score = name.endswith("score")
+        expected = seq.rows() + ((width,) if is_score else ())
+        lay = seq.row_layout()[:-1] + (", width]" if is_score else "]")
+        V.check_shape(op, name, t, expected, lay)
+        out.append(t.reshape([seq.tq, width]) if is_score else t.reshape([seq.tq]))
+    return out
+
+
+def check_grad_loss(op, grad_loss, place_ref):
+    """A one-element float tensor (stays on its device) or a real number."""
+    import numbers
+
+    import paddle
+
+    if PORT.is_tensor(grad_loss):
+        V.check_dtype(op, "grad_loss", grad_loss, REF_DTYPES)
+        if int(np.prod(PORT.shape(grad_loss))) != 1:
+            V.fail(op, f"`grad_loss` must hold one element, got shape {list(PORT.shape(grad_loss))}")
+        V.check_same_place(op, ("index_q", "grad_loss"), (place_ref, grad_loss))
+        return grad_loss.reshape([])
+    if isinstance(grad_loss, bool) or not isinstance(grad_loss, numbers.Real) or not np.isfinite(float(grad_loss)):
+        V.fail(op, f"`grad_loss` must be a one-element Tensor or a finite real number, got {grad_loss!r}", TypeError)
+    return paddle.to_tensor(float(grad_loss), dtype=paddle.float64, place=place_ref.place)
+
+
+def check_loss_coeff(op, loss_coeff):
+    return V.check_scale(op, "loss_coeff", loss_coeff, 1.0)

@@ -1,0 +1,463 @@
+"""DeepSeek Sparse Attention ops: public API, validation, PyLayer autograd, dispatch.
+
+Semantics, clamps and masked-row conventions: docs/dsa.md. Layouts: BSHD (batch and sequence axes) or
+THD (packed: the two merged into one token axis, with cu_seqlens_q / cu_seqlens_k int32 [batch + 1];
+top-k indices and score columns are local to each sequence). On a CUDA place the shapes are checked
+against ops/dsa/supported.py (ValueError outside it); no DSA GPU kernel exists yet, so such calls then
+run the pure-Paddle reference path (paddle_dsa.reference.dsa) on the GPU.
+"""
+import math
+
+import paddle
+
+from ... import validation as V
+from ..._port import PORT
+from ...ops.dsa import supported as SUPPORTED
+from ...reference.dsa import _common as C
+from ...reference.dsa import attn_score as ref_attn
+from ...reference.dsa import indexer as ref_index
+from ...reference.dsa import indexer_loss as ref_loss
+from ...reference.dsa import sparse_attention as ref_sparse
+from ...reference.dsa import topk as ref_topk
+from . import _dsa_inputs as I
+
+__all__ = [
+    "indexer_score",
+    "indexer_topk",
+    "sparse_attention",
+    "dense_indexer_score_recompute",
+    "dense_attn_score_recompute",
+    "dense_indexer_backward",
+    "sparse_indexer_score_recompute",
+    "sparse_attn_score_recompute",
+    "sparse_indexer_backward",
+    "indexer_kl_loss",
+]
+
+_F32 = paddle.float32
+
+
+def _start(op):
+    V.require_dynamic_mode(op)
+
+
+def _gpu(op, on_gpu):
+    if on_gpu:
+        I.gpu_fallback_note(op)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Lightning indexer
+# ----------------------------------------------------------------------------------------------------
+def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q, cu_seqlens_k):
+    seq, hi, di, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
+    V.check_same_place(op, ("index_q", "q_offsets"), (index_q, index_q if q_offsets is None else q_offsets))
+    layout = seq.layout(q_offsets)
+    limits = C.row_limits(layout, causal, ratio)
+    _gpu(op, on_gpu)
+    return seq, layout, limits
+
+
+def _index_rows(seq, index_q, index_k, weights):
+    return I.flat_rows(seq, index_q), I.flat_rows(seq, index_k), I.flat_rows(seq, weights)
+
+
+def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
+                  cu_seqlens_k=None):
+    """Lightning-indexer scores S[b,i,j] = sum_h weights[b,i,h] * relu(index_q[b,i,h,:] . index_k[b,j,:]).
+
+    Args:
+        index_q: [B, Sq, Hi, Di] (THD: [Tq, Hi, Di]); index_k: [B, Sk, Di] (THD: [Tk, Di]), one key head
+            shared by all index heads; weights: [B, Sq, Hi] (THD: [Tq, Hi]).
+        causal: key j visible iff j < clamp((q_offsets[b] + i + 1) // ratio, 0, Sk); without causal every
+            key of the row's sequence is visible (ratio then has no effect).
+        ratio: key compression ratio (int >= 1). q_offsets: int32 [batch], absolute position of each
+            sequence's first local query (default 0).
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] for THD.
+    Returns:
+        float32 [B, Sq, Sk] (THD: [Tq, max_seqlen_k], columns local to each row's sequence, -inf past
+        its length; rows at or past cu_seqlens_q[-1] all -inf); invisible entries -inf. No gradient
+        (train the indexer through indexer_kl_loss).
+    """
+    op = "indexer_score"
+    _start(op)
+    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                       cu_seqlens_q, cu_seqlens_k)
+    with paddle.no_grad():
+        s = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits)
+        return layout.rows_to_public(s.astype(_F32))
+
+
+def indexer_topk(scores, k, *, lengths=None):
+    """Indices of the k largest finite scores of each row, by descending score.
+
+    Args:
+        scores: float [B, Sq, Sk] (or THD [Tq, W]), e.g. from indexer_score; -inf / non-finite entries are
+            never selected. k: int >= 1 (any size; k > Sk pads with -1).
+        lengths: optional int32 [B, Sq] (THD [Tq]): row r considers only its first lengths[r] columns.
+    Returns:
+        int32 [B, Sq, k] (THD [Tq, k]); -1 where a row has fewer than k selectable scores. Ties keep the
+        lower column first.
+    """
+    op = "indexer_topk"
+    _start(op)
+    V.check_tensor(op, "scores", scores)
+    shp = PORT.shape(scores)
+    if len(shp) not in (2, 3):
+        V.fail(op, f"`scores` must have rank 3 ([batch, seq_q, seq_k]) or 2 (THD [total_q, width]), got shape {list(shp)}")
+    V.check_dtype(op, "scores", scores, I.REF_DTYPES)
+    k = V.check_int(op, "k", k, minimum=1)
+    V.check_optional_int_tensor(op, "lengths", lengths, shp[:-1], "int32 " + ("[batch, seq_q]" if len(shp) == 3 else "[total_q]"))
+    if lengths is not None:
+        V.check_same_place(op, ("scores", "lengths"), (scores, lengths))
+    on_gpu = PORT.is_gpu(scores)
+    if on_gpu:
+        dt = PORT.dtype_name(scores.dtype)
+        if dt not in SUPPORTED.TOPK_SCORE_DTYPES:
+            V.fail(op, f"`scores` dtype {dt} is not supported on a GPU place; supported: "
+                       f"{', '.join(SUPPORTED.TOPK_SCORE_DTYPES)}", TypeError)
+    _gpu(op, on_gpu)
+    rows = 1
+    for d in shp[:-1]:
+        rows *= d
+    with paddle.no_grad():
+        idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
+                            None if lengths is None else lengths.reshape([rows]))
+        return idx.reshape(list(shp[:-1]) + [k])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sparse MLA attention
+# ----------------------------------------------------------------------------------------------------
+class _Cfg:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class _SparseAttention(paddle.autograd.PyLayer):
+    """apply(query_rows, kv_rows, [attn_sink,] cfg) -> (out_rows [Tq,H,Dv], lse_rows f32 [Tq,H])."""
+
+    @staticmethod
+    def forward(ctx, query, kv, *rest):
+        cfg = rest[-1]
+        sink = rest[0] if len(rest) == 2 else None
+        out, lse = ref_sparse.forward(query, kv, cfg.gidx, cfg.valid, cfg.scale, cfg.v_dim, sink)
+        ctx.cfg = cfg
+        ctx.has_sink = sink is not None
+        ctx.want = tuple(PORT.needs_grad(t) for t in ((query, kv, sink) if sink is not None else (query, kv)))
+        ctx.set_materialize_grads(False)
+        out = out.astype(query.dtype)
+        ctx.save_for_backward(query, kv, out, lse, *(() if sink is None else (sink,)))
+        return out, lse.astype(_F32)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        saved = PORT.saved_tensors(ctx)
+        query, kv, out, lse = saved[:4]
+        sink = saved[4] if ctx.has_sink else None
+        cfg = ctx.cfg
+        if dout is None:
+            dout = paddle.zeros_like(out)
+        dq, dkv, dsink = ref_sparse.backward(query, kv, cfg.gidx, cfg.valid, out, dout, lse, dlse, cfg.scale,
+                                             cfg.v_dim, sink)
+        grads = [dq.astype(query.dtype), dkv.astype(kv.dtype)]
+        if sink is not None:
+            grads.append(dsink.astype(sink.dtype))
+        return tuple(g if w else None for g, w in zip(grads, ctx.want))
+
+
+def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=None, attn_sink=None,
+                     topk_length=None, return_softmax_lse=False, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Sparse MLA attention in MQA mode over each row's top-k keys.
+
+    Args:
+        query: [B, Sq, H, Dqk] (THD [Tq, H, Dqk]); kv: [B, Skv, Dqk] (THD [Tkv, Dqk]), one latent row per
+            key shared by all heads: K = kv, V = kv[..., :v_head_dim].
+        topk_indices: int32 [B, Sq, K] (THD [Tq, K], local to each sequence); entries < 0 or >= Skv (of the
+            row's sequence) are skipped; with topk_length int32 [B, Sq] (THD [Tq]) only the first
+            topk_length entries count. A duplicated index counts once per slot.
+        v_head_dim: Dv, 1 <= Dv <= Dqk. softmax_scale: defaults to 1/sqrt(Dqk).
+        attn_sink: optional float32 [H]; adds exp(attn_sink[h]) to each row's softmax denominator.
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] for THD.
+    Returns:
+        out [B, Sq, H, Dv] in query's dtype, or (out, softmax_lse) with softmax_lse float32 [B, H, Sq]
+        (THD [H, Tq]) over the selected keys only (sink not included; its gradient is honoured). A row
+        with no valid index: out 0, softmax_lse -inf, zero gradient. Gradients: query, kv (the V part
+        added into the first Dv columns), attn_sink.
+    """
+    op = "sparse_attention"
+    _start(op)
+    seq, h, dqk = I.check_attention(op, query, kv, None, cu_seqlens_q, cu_seqlens_k)
+    dv = V.check_int(op, "v_head_dim", v_head_dim, minimum=1)
+    if dv > dqk:
+        V.fail(op, f"`v_head_dim` = {dv} exceeds the query/kv head_dim {dqk}; V is kv[..., :v_head_dim]")
+    scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
+    V.check_bool(op, "return_softmax_lse", return_softmax_lse)
+    idx, tl, _ = I.check_topk_indices(op, seq, topk_indices, topk_length, query)
+    if attn_sink is not None:
+        V.check_tensor(op, "attn_sink", attn_sink)
+        V.check_dtype(op, "attn_sink", attn_sink, I.STAT_DTYPES)
+        V.check_shape(op, "attn_sink", attn_sink, (h,), "[heads]")
+        V.check_same_place(op, ("query", "attn_sink"), (query, attn_sink))
+    on_gpu = PORT.is_gpu(query)
+    if on_gpu:
+        I.check_attention_table(op, query, h, dqk, dv)
+    _gpu(op, on_gpu)
+    layout = seq.layout()
+    gidx, valid = C.slot_validity(layout, idx, tl, query.place)
+    cfg = _Cfg(gidx=gidx, valid=valid, scale=scale, v_dim=dv)
+    q_rows, kv_rows = I.flat_rows(seq, query), I.flat_rows(seq, kv)
+    args = (q_rows, kv_rows) + (() if attn_sink is None else (attn_sink,))
+    out, lse = _SparseAttention.apply(*args, cfg)
+    if seq.thd:
+        lse = lse.transpose([1, 0])
+    else:
+        out = out.reshape([seq.batch, seq.sq, h, dv])
+        lse = lse.reshape([seq.batch, seq.sq, h]).transpose([0, 2, 1])
+    return (out, lse) if return_softmax_lse else out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Indexer training pieces (no autograd: the building blocks of indexer_kl_loss)
+# ----------------------------------------------------------------------------------------------------
+def _dense_index_stats(iq, ik, w, layout, limits):
+    s = ref_index.dense_scores(iq, ik, w, layout, limits)
+    mask = C.visible_mask(layout, limits, s.place)
+    return s, ref_index.index_lse(s, mask), mask
+
+
+def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor):
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor)
+    layout = seq.layout()
+    gidx, valid = C.slot_validity(layout, idx, tl, place_tensor.place)
+    return layout, gidx, valid, k
+
+
+def _public_rows(layout, *tensors):
+    return tuple(layout.rows_to_public(t.astype(_F32)) for t in tensors)
+
+
+def dense_indexer_score_recompute(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=None,
+                                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """(index_score float32 [B, Sq, Sk] as indexer_score (-inf where masked), index_lse float32 [B, Sq]).
+
+    index_lse = logsumexp of the row's visible scores (natural log); 0 for a row with no visible key,
+    including THD rows at or past cu_seqlens_q[-1], so exp(index_score - index_lse) is 0 there.
+    THD: scores [Tq, max_seqlen_k], index_lse [Tq].
+    """
+    op = "dense_indexer_score_recompute"
+    _start(op)
+    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                       cu_seqlens_q, cu_seqlens_k)
+    with paddle.no_grad():
+        s, lse, _ = _dense_index_stats(*_index_rows(seq, index_q, index_k, weights), layout, limits)
+        return _public_rows(layout, s, lse)
+
+
+def _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k):
+    seq, h, dqk = I.check_attention(op, query, kv, None, cu_seqlens_q, cu_seqlens_k)
+    scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
+    lse = I.lse_rows(op, seq, softmax_lse, h, query)
+    on_gpu = PORT.is_gpu(query)
+    if on_gpu:
+        I.check_attention_table(op, query, h, dqk)
+    return seq, scale, lse, on_gpu
+
+
+def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, causal=True, ratio=1, q_offsets=None,
+                               cu_seqlens_q=None, cu_seqlens_k=None):
+    """(attn_score float32 [B, Sq, Sk], attn_l1norm float32 [B, Sq]).
+
+    attn_score[b,i,j] = sum_h exp(clamp(softmax_scale * query[b,i,h] . kv[b,j] - softmax_lse[b,h,i])) over
+    the keys the indexer sees (same causal / ratio / q_offsets rule), 0 elsewhere; attn_l1norm = row
+    sums. softmax_lse: float32 [B, H, Sq] (THD [H, Tq]) as sparse_attention returns it. The exp argument
+    is clamped to at most 120 ln 2 and flushed to 0 below -126 ln 2; values saturate at FLT_MAX.
+    THD rows at or past cu_seqlens_q[-1]: score 0, l1norm 0.
+    """
+    op = "dense_attn_score_recompute"
+    _start(op)
+    seq, scale, lse, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
+    _gpu(op, on_gpu)
+    layout = seq.layout(q_offsets)
+    limits = C.row_limits(layout, causal, ratio)
+    with paddle.no_grad():
+        a, l1 = ref_attn.dense(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, layout, limits)
+        return _public_rows(layout, a, l1)
+
+
+def _grad_scale(loss_coeff, grad_loss, norm_rows, dtype):
+    if norm_rows == 0:
+        return paddle.zeros([], dtype=dtype)
+    return grad_loss.astype(dtype) * (loss_coeff / norm_rows)
+
+
+def _public_grads(seq, index_q, index_k, weights, dq, dk, dw):
+    shp = lambda t: list(PORT.shape(t))  # noqa: E731
+    return (dq.astype(index_q.dtype).reshape(shp(index_q)), dk.astype(index_k.dtype).reshape(shp(index_k)),
+            dw.astype(weights.dtype).reshape(shp(weights)))
+
+
+def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_loss, *,
+                           loss_coeff=1.0, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Gradients of the dense indexer KL loss: (d_index_q, d_index_k, d_weights) in the inputs' dtypes.
+
+    index_score / index_lse from dense_indexer_score_recompute, attn_score / attn_l1norm from
+    dense_attn_score_recompute (same causal / ratio / q_offsets / cu_seqlens), grad_loss: the incoming
+    gradient of the loss (one-element tensor, or a number). With c = loss_coeff * grad_loss / N (N = B*Sq,
+    THD cu_seqlens_q[-1]), P = exp(index_score - index_lse), T = max(attn_score / max(attn_l1norm, 1e-10),
+    e^-100): G = g - P * sum(g), g = -c * T * 1[index_score - index_lse >= -100], and G flows through
+    sum_h weights * relu(index_q . index_k).
+    """
+    op = "dense_indexer_backward"
+    _start(op)
+    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                       cu_seqlens_q, cu_seqlens_k)
+    s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
+                                      (index_score, index_lse, attn_score, attn_l1norm), layout.width)
+    V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
+    gl = I.check_grad_loss(op, grad_loss, index_q)
+    coeff = I.check_loss_coeff(op, loss_coeff)
+    with paddle.no_grad():
+        iq, ik, w = _index_rows(seq, index_q, index_k, weights)
+        ct = C.compute_dtype(index_q)
+        mask = C.visible_mask(layout, limits, s.place)
+        g = ref_loss.grad_signal(s.astype(ct), lse, a, l1, mask, _grad_scale(coeff, gl, layout.norm_rows, ct))
+        return _public_grads(seq, index_q, index_k, weights, *ref_loss.dense_backward(iq, ik, w, g, layout, limits))
+
+
+def sparse_indexer_score_recompute(index_q, index_k, weights, topk_indices, *, topk_length=None, cu_seqlens_q=None,
+                                   cu_seqlens_k=None):
+    """(index_score float32 [B, Sq, K], index_lse float32 [B, Sq]) over each row's top-k slots.
+
+    index_score[b,i,s] = sum_h weights * relu(index_q[b,i,h] . index_k[b, topk_indices[b,i,s]]) at valid
+    slots (0 <= idx < Sk, position < topk_length), -inf at the others; index_lse = logsumexp over the
+    valid slots, 0 for a row with none. A duplicated index is scored once per slot.
+    """
+    op = "sparse_indexer_score_recompute"
+    _start(op)
+    seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+    _gpu(op, on_gpu)
+    with paddle.no_grad():
+        s = ref_index.sparse_scores(*_index_rows(seq, index_q, index_k, weights), gidx, valid)
+        return _public_rows(layout, s, ref_index.index_lse(s, valid))
+
+
+def sparse_attn_score_recompute(query, kv, softmax_lse, topk_indices, *, softmax_scale=None, topk_length=None,
+                                cu_seqlens_q=None, cu_seqlens_k=None):
+    """(attn_score float32 [B, Sq, K], attn_l1norm float32 [B, Sq]) over each row's top-k slots: the dense
+    recompute's formula and clamps at the valid slots, 0 at invalid ones."""
+    op = "sparse_attn_score_recompute"
+    _start(op)
+    seq, scale, lse, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, query)
+    _gpu(op, on_gpu)
+    with paddle.no_grad():
+        a, l1 = ref_attn.sparse(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, gidx, valid)
+        return _public_rows(layout, a, l1)
+
+
+def sparse_indexer_backward(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
+                            grad_loss, *, loss_coeff=1.0, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Gradients of the sparse-stage indexer KL loss: dense_indexer_backward restricted to each row's valid
+    top-k slots (index_score etc. [B, Sq, K] from the sparse recompute pieces); d_index_k is scatter-added
+    (once per slot)."""
+    op = "sparse_indexer_backward"
+    _start(op)
+    seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    layout, gidx, valid, k = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+    s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
+                                      (index_score, index_lse, attn_score, attn_l1norm), k)
+    V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
+    gl = I.check_grad_loss(op, grad_loss, index_q)
+    coeff = I.check_loss_coeff(op, loss_coeff)
+    _gpu(op, on_gpu)
+    with paddle.no_grad():
+        iq, ik, w = _index_rows(seq, index_q, index_k, weights)
+        ct = C.compute_dtype(index_q)
+        g = ref_loss.grad_signal(s.astype(ct), lse, a, l1, valid, _grad_scale(coeff, gl, layout.norm_rows, ct))
+        return _public_grads(seq, index_q, index_k, weights, *ref_loss.sparse_backward(iq, ik, w, g, gidx, valid))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The indexer KL loss (PyLayer: gradients to index_q, index_k, weights only)
+# ----------------------------------------------------------------------------------------------------
+def _kl_pieces(cfg, iq, ik, w, q, kv, lse):
+    """(index_score, index_lse, attn_score, attn_l1norm, mask) in the compute dtype."""
+    if cfg.sparse:
+        s = ref_index.sparse_scores(iq, ik, w, cfg.gidx, cfg.valid)
+        a, l1 = ref_attn.sparse(q, kv, lse, cfg.scale, cfg.gidx, cfg.valid)
+        return s, ref_index.index_lse(s, cfg.valid), a, l1, cfg.valid
+    s, ilse, mask = _dense_index_stats(iq, ik, w, cfg.layout, cfg.limits)
+    a, l1 = ref_attn.dense(q, kv, lse, cfg.scale, cfg.layout, cfg.limits)
+    return s, ilse, a, l1, mask
+
+
+class _IndexerKLLoss(paddle.autograd.PyLayer):
+    """apply(index_q, index_k, weights, query, kv, softmax_lse (token-major rows), cfg) -> f32 scalar."""
+
+    @staticmethod
+    def forward(ctx, iq, ik, w, q, kv, lse, cfg):
+        s, ilse, a, l1, mask = _kl_pieces(cfg, iq, ik, w, q, kv, lse)
+        loss = ref_loss.loss_value(s, ilse, a, l1, mask, cfg.loss_coeff, cfg.layout.norm_rows)
+        ctx.cfg = cfg
+        ctx.want = tuple(PORT.needs_grad(t) for t in (iq, ik, w))
+        ctx.save_for_backward(iq, ik, w, q, kv, lse)
+        return loss.astype(_F32)
+
+    @staticmethod
+    def backward(ctx, dloss):
+        iq, ik, w, q, kv, lse = PORT.saved_tensors(ctx)
+        cfg = ctx.cfg
+        ct = C.compute_dtype(iq)
+        s, ilse, a, l1, mask = _kl_pieces(cfg, iq, ik, w, q, kv, lse)
+        c = _grad_scale(cfg.loss_coeff, dloss.reshape([]), cfg.layout.norm_rows, ct)
+        g = ref_loss.grad_signal(s, ilse, a, l1, mask, c)
+        if cfg.sparse:
+            dq, dk, dw = ref_loss.sparse_backward(iq, ik, w, g, cfg.gidx, cfg.valid)
+        else:
+            dq, dk, dw = ref_loss.dense_backward(iq, ik, w, g, cfg.layout, cfg.limits)
+        grads = (dq.astype(iq.dtype), dk.astype(ik.dtype), dw.astype(w.dtype))
+        return tuple(gr if want else None for gr, want in zip(grads, ctx.want)) + (None, None, None)
+
+
+def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_indices=None, topk_length=None,
+                    softmax_scale=None, causal=True, ratio=1, q_offsets=None, loss_coeff=1.0, cu_seqlens_q=None,
+                    cu_seqlens_k=None):
+    """The lightning indexer's KL training loss (float32 scalar).
+
+    loss = loss_coeff / N * sum over rows of KL(p || softmax(I)), N = B * Sq (THD: cu_seqlens_q[-1]);
+    I: the indexer score row, over the valid entries of topk_indices when given (sparse stage; causal,
+    ratio and q_offsets are then not used) or over the causally visible keys (dense warm-up); p: the
+    L1-normalised head-summed attention probability exp(softmax_scale * query . kv - softmax_lse) over
+    the same keys. Clamps: target >= e^-100, log softmax(I) >= -100, L1 norm >= 1e-10, the attention
+    exp argument <= 120 ln 2 (flushed to 0 below -126 ln 2).
+    The attention side (query, kv, softmax_lse) is a constant; gradients flow to index_q, index_k and
+    weights only (the backward calls the recompute and backward pieces).
+    Shapes: as indexer_score for index_q/index_k/weights, as sparse_attention for query/kv/topk_indices,
+    softmax_lse float32 [B, H, Sq] (THD [H, Tq]); query/kv must have the rows/keys of index_q/index_k.
+    """
+    op = "indexer_kl_loss"
+    _start(op)
+    seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    _, h, dqk = I.check_attention(op, query, kv, seq, cu_seqlens_q, cu_seqlens_k)
+    V.check_same_place(op, ("index_q", "query"), (index_q, query))
+    scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
+    lse = I.lse_rows(op, seq, softmax_lse, h, query)
+    causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
+    coeff = I.check_loss_coeff(op, loss_coeff)
+    if topk_indices is None and topk_length is not None:
+        V.fail(op, "`topk_length` needs `topk_indices` (it limits the top-k slots of the sparse stage)")
+    if on_gpu:
+        I.check_attention_table(op, query, h, dqk)
+    _gpu(op, on_gpu)
+    cfg = _Cfg(scale=scale, loss_coeff=coeff, sparse=topk_indices is not None)
+    if cfg.sparse:
+        cfg.layout, cfg.gidx, cfg.valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+    else:
+        cfg.layout = seq.layout(q_offsets)
+        cfg.limits = C.row_limits(cfg.layout, causal, ratio)
+    iq, ik, w = _index_rows(seq, index_q, index_k, weights)
+    return _IndexerKLLoss.apply(iq, ik, w, I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, cfg)

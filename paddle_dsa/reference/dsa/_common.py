@@ -1,0 +1,188 @@
+"""Shared pieces of the DSA reference path: clamps, the token layout, masks and gathers.
+
+Clamps (docs/dsa.md, "Numerics contract"):
+    EXP_ARG_MAX  = 120 ln 2 (~83.18): the argument of exp() in the attention-score recompute is clamped
+                   above here, so a degenerate softmax_lse (-1e30, -inf) gives finite probabilities
+                   (e^83.18 * 128 heads < FLT_MAX). Mirrors the kernels' exp2 clamp at 120.
+    EXP_ARG_MIN  = -126 ln 2 (~-87.34): arguments below it contribute exactly 0 (flush to zero, no
+                   denormals); this also makes a softmax_lse of +inf give an all-zero row.
+    FLT_MAX      : attention scores and L1 norms saturate at the largest float32 instead of +inf.
+    PROB_MIN     = e^-100: the target probability is clamped below at e^-100 in the loss and its gradient.
+    LOG_MIN      = -100: log softmax(I) is clipped below at -100 (zero gradient where clipped).
+    L1_EPS       = 1e-10: the target L1 norm is clamped below at 1e-10 before normalising.
+"""
+import math
+
+import numpy as np
+import paddle
+
+EXP_ARG_MAX = 120.0 * math.log(2.0)
+EXP_ARG_MIN = -126.0 * math.log(2.0)
+FLT_MAX = float(np.finfo(np.float32).max)
+PROB_MIN = math.exp(-100.0)
+LOG_MIN = -100.0
+L1_EPS = 1e-10
+NEG_INF = float("-inf")
+
+# Key-block width of the dense ops and the element budget of one temporary (rows x heads x block).
+KEY_BLOCK = 256
+ELEMENT_BUDGET = 1 << 25
+
+
+def compute_dtype(x):
+    """float64 stays float64; every other float dtype computes in float32."""
+    return paddle.float64 if x.dtype == paddle.float64 else paddle.float32
+
+
+def row_chunk(rows, per_row):
+    """Rows per chunk so that a chunk's temporaries stay within ELEMENT_BUDGET elements."""
+    return max(1, min(rows, ELEMENT_BUDGET // max(1, per_row)))
+
+
+class Layout:
+    """Token-major view of a BSHD or THD call.
+
+    Query rows are tokens 0..Tq-1 of a [Tq, ...] tensor, keys tokens 0..Tk-1 of a [Tk, ...] tensor.
+    segments: list of (q_start, q_len, k_start, k_len, q_offset) per sequence (host ints).
+    width: the score width (Sk for BSHD, max key length for THD).
+    norm_rows: N of the loss normalisation (B * Sq for BSHD, cu_seqlens_q[-1] for THD).
+    Rows of THD past cu_seqlens_q[-1] belong to no segment.
+    """
+
+    def __init__(self, tq, tk, segments, width, batch_shape, norm_rows):
+        self.tq, self.tk = tq, tk
+        self.segments = segments
+        self.width = width
+        self.batch_shape = batch_shape  # (B, Sq) for BSHD, None for THD
+        self.norm_rows = norm_rows
+        self._row_arrays = None
+
+    @staticmethod
+    def bshd(b, sq, sk, q_offsets=None):
+        offs = np.zeros(b, np.int64) if q_offsets is None else np.asarray(q_offsets, np.int64)
+        segs = [(i * sq, sq, i * sk, sk, int(offs[i])) for i in range(b)]
+        return Layout(b * sq, b * sk, segs, sk, (b, sq), b * sq)
+
+    @staticmethod
+    def thd(tq, tk, cu_q, cu_k, q_offsets=None):
+        cu_q = np.asarray(cu_q, np.int64)
+        cu_k = np.asarray(cu_k, np.int64)
+        b = len(cu_q) - 1
+        offs = np.zeros(b, np.int64) if q_offsets is None else np.asarray(q_offsets, np.int64)
+        segs = [(int(cu_q[i]), int(cu_q[i + 1] - cu_q[i]), int(cu_k[i]), int(cu_k[i + 1] - cu_k[i]), int(offs[i]))
+                for i in range(b)]
+        width = int(np.diff(cu_k).max()) if b else 0
+        return Layout(tq, tk, segs, width, None, int(cu_q[-1]))
+
+    def row_arrays(self):
+        """Host int64 arrays over query rows: key start, key length (0 for rows of no segment)."""
+        if self._row_arrays is None:
+            k_start = np.zeros(self.tq, np.int64)
+            k_len = np.zeros(self.tq, np.int64)
+            for qa, ql, ka, kl, _ in self.segments:
+                k_start[qa:qa + ql] = ka
+                k_len[qa:qa + ql] = kl
+            self._row_arrays = (k_start, k_len)
+        return self._row_arrays
+
+    def rows_to_public(self, x):
+        """[Tq, ...] -> [B, Sq, ...] for BSHD; unchanged for THD."""
+        if self.batch_shape is None:
+            return x
+        return x.reshape(list(self.batch_shape) + list(x.shape[1:]))
+
+
+def causal_limits(q_len, k_len, q_offset, causal, ratio):
+    """Host int64 [q_len]: row i sees keys j < limit[i] (clamp((offset + i + 1) // ratio, 0, k_len))."""
+    if not causal:
+        return np.full(q_len, k_len, np.int64)
+    i = np.arange(q_len, dtype=np.int64)
+    return np.clip((q_offset + i + 1) // ratio, 0, k_len)
+
+
+def block_mask(limits, j0, j1, place):
+    """bool [rows, j1 - j0] tensor: key j (absolute j0 + c) visible iff j < limits[row]."""
+    j = np.arange(j0, j1, dtype=np.int64)[None, :]
+    return paddle.to_tensor(j < limits[:, None], place=place)
+
+
+def slot_validity(layout, topk_indices, topk_length, place):
+    """For [Tq, K] int32 indices local to each row's sequence: (global int64 index [Tq, K] with invalid
+    slots pointing at row 0, bool valid [Tq, K]). A slot is valid iff 0 <= idx < its sequence's key
+    length and its position < topk_length (when given)."""
+    k_start, k_len = layout.row_arrays()
+    tq, k = topk_indices.shape
+    start = paddle.to_tensor(k_start, place=place).unsqueeze(-1)
+    length = paddle.to_tensor(k_len, place=place).unsqueeze(-1)
+    idx = topk_indices.astype(paddle.int64)
+    valid = paddle.logical_and(idx >= 0, idx < length)
+    if topk_length is not None:
+        pos = paddle.arange(k, dtype=paddle.int64).unsqueeze(0)
+        valid = paddle.logical_and(valid, pos < topk_length.astype(paddle.int64).reshape([tq, 1]))
+    gidx = paddle.where(valid, idx + start, paddle.zeros_like(idx))
+    return gidx, valid
+
+
+def gather_rows(x, gidx, valid):
+    """x [Tk, D], gidx/valid [R, K] -> [R, K, D], rows of invalid slots zeroed (never read as data:
+    a NaN in row 0 cannot leak through an invalid slot)."""
+    r, k = gidx.shape
+    g = paddle.gather(x, gidx.reshape([-1]), axis=0).reshape([r, k, x.shape[-1]])
+    return paddle.where(valid.unsqueeze(-1), g, paddle.zeros_like(g))
+
+
+def masked_exp(x, mask):
+    """exp(x) where mask, exactly 0 elsewhere (Paddle's CPU exp(-inf) is not exactly 0)."""
+    zero = paddle.zeros_like(x)
+    return paddle.where(mask, paddle.exp(paddle.where(mask, x, zero)), zero)
+
+
+def clamped_exp(x, mask):
+    """exp(min(x, EXP_ARG_MAX)) where mask and x >= EXP_ARG_MIN, exactly 0 elsewhere (incl. x = -inf)."""
+    keep = paddle.logical_and(mask, x >= EXP_ARG_MIN)
+    return masked_exp(paddle.minimum(x, paddle.full_like(x, EXP_ARG_MAX)), keep)
+
+
+def row_lse(scores, mask, empty_value):
+    """logsumexp over the masked entries of each row of [R, W]; empty_value where a row has none."""
+    if scores.shape[-1] == 0:
+        return paddle.full(scores.shape[:-1], empty_value, dtype=scores.dtype)
+    neg = paddle.full_like(scores, NEG_INF)
+    s = paddle.where(mask, scores, neg)
+    m = s.max(axis=-1, keepdim=True)
+    has = mask.any(axis=-1, keepdim=True)
+    m_safe = paddle.where(has, m, paddle.zeros_like(m))
+    l = masked_exp(s - m_safe, mask).sum(axis=-1, keepdim=True)
+    l_safe = paddle.where(has, l, paddle.ones_like(l))
+    lse = paddle.where(has, m_safe + paddle.log(l_safe), paddle.full_like(m, empty_value))
+    return lse.squeeze(-1)
+
+
+def row_limits(layout, causal, ratio):
+    """Host int64 [Tq]: query row t sees local keys j < limit[t] (0 for rows of no segment)."""
+    lim = np.zeros(layout.tq, np.int64)
+    for qa, ql, _, kl, off in layout.segments:
+        lim[qa:qa + ql] = causal_limits(ql, kl, off, causal, ratio)
+    return lim
+
+
+def visible_mask(layout, limits, place):
+    """bool [Tq, width] tensor of the dense visibility (key j < limits[row])."""
+    j = paddle.arange(layout.width, dtype=paddle.int64).unsqueeze(0)
+    return j < paddle.to_tensor(limits, place=place).unsqueeze(-1)
+
+
+def dense_blocks(layout, limits, per_row):
+    """Yield (segment, r0, r1, j0, j1) tiles of the visible region: rows qa+r0..qa+r1 of a segment and
+    its local keys j0..j1, skipping tiles no row of which sees any key."""
+    for seg in layout.segments:
+        qa, ql, _, kl, _ = seg
+        if ql == 0 or kl == 0:
+            continue
+        lim = limits[qa:qa + ql]
+        rows = row_chunk(ql, per_row)
+        for r0 in range(0, ql, rows):
+            r1 = min(ql, r0 + rows)
+            top = int(lim[r0:r1].max())
+            for j0 in range(0, top, KEY_BLOCK):
+                yield seg, r0, r1, j0, min(top, j0 + KEY_BLOCK)

@@ -1,0 +1,38 @@
+"""Per-row top-k of finite scores.
+
+indices[r, :] = the columns of the k largest finite scores of row r, by descending score; ties keep
+the lower column first (a stable sort); -1 fills the slots past the row's count of finite scores.
+Non-finite scores (-inf masks, +inf, NaN) are never selected. lengths[r] limits row r to its first
+lengths[r] columns. Rows are processed in chunks (memory O(chunk x width)).
+"""
+import paddle
+
+from . import _common as C
+
+
+def topk(scores, k, lengths=None):
+    """scores [R, W] float, k >= 1, lengths int [R] or None -> int32 [R, k]."""
+    r, w = scores.shape
+    if r == 0:
+        return paddle.zeros([0, k], dtype=paddle.int32)
+    kk = min(k, w)
+    parts = []
+    rows = C.row_chunk(r, 4 * max(w, 1))
+    for r0 in range(0, r, rows):
+        r1 = min(r, r0 + rows)
+        s = scores[r0:r1].astype(paddle.float64 if scores.dtype == paddle.float64 else paddle.float32)
+        ok = paddle.isfinite(s)
+        if lengths is not None and w > 0:
+            col = paddle.arange(w, dtype=paddle.int64).unsqueeze(0)
+            ok = paddle.logical_and(ok, col < lengths[r0:r1].astype(paddle.int64).unsqueeze(-1))
+        if kk > 0:
+            key = paddle.where(ok, -s, paddle.full_like(s, float("inf")))
+            order = paddle.argsort(key, axis=-1, stable=True)[:, :kk]
+            picked_ok = paddle.isfinite(paddle.take_along_axis(key, order, axis=-1))
+            idx = paddle.where(picked_ok, order, paddle.full_like(order, -1)).astype(paddle.int32)
+        else:
+            idx = paddle.zeros([r1 - r0, 0], dtype=paddle.int32)
+        if kk < k:
+            idx = paddle.concat([idx, paddle.full([r1 - r0, k - kk], -1, dtype=paddle.int32)], axis=-1)
+        parts.append(idx)
+    return paddle.concat(parts, axis=0) if len(parts) > 1 else parts[0]
