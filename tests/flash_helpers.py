@@ -35,6 +35,11 @@ def assert_close(name, got, exact, dtype, floor_value=None):
     (default: exact rounded to dtype, the floor of storing the result)."""
     got = np.asarray(got, np.float64)
     assert np.isfinite(got).all(), f"{name}: {np.count_nonzero(~np.isfinite(got))} non-finite elements"
+    if not np.any(exact):
+        # Exactly zero in exact math (e.g. dq with a single visible key): fp32 cancellation leaves
+        # residues of order 1e-7 x |inputs|^3; unit-scale inputs keep them far below 1e-5.
+        assert np.sqrt(np.mean(got * got)) <= 1e-5, f"{name}: exact is 0, RMS of ours {np.sqrt(np.mean(got * got)):.3e}"
+        return
     err = R.rel_rms(got, exact)
     floor = R.rel_rms(round_to(exact if floor_value is None else floor_value, dtype), exact)
     assert err <= 2 * floor + EPS[dtype], f"{name}: relRMS {err:.3e} > 2 x floor {floor:.3e} + {EPS[dtype]:g} ({dtype})"
