@@ -218,3 +218,19 @@ def finite_diff(f, x, eps=1e-6, entries=None, rng=None):
         flat[i] = old
         out[int(i)] = (hi - lo) / (2 * eps)
     return out
+
+
+# ---------------------------------------------------------------- test-input helpers (numpy only)
+def random_cu(rng, lens):
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+def assert_close(actual, expected, rtol, atol, what=""):
+    """Finite entries close, and non-finite entries identical (same inf sign, same positions)."""
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    fin = np.isfinite(expected)
+    assert np.array_equal(np.isfinite(actual), fin), f"{what}: finite pattern differs"
+    assert np.array_equal(actual[~fin], expected[~fin]), f"{what}: non-finite values differ"
+    np.testing.assert_allclose(actual[fin], expected[fin], rtol=rtol, atol=atol, err_msg=what)

@@ -66,8 +66,8 @@ def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, 
         if qs[0] != ks[0]:
             V.fail(op, f"`{q_name}` batch {qs[0]} != `{k_name}` batch {ks[0]}")
         seq = Seq(False, qs[0], qs[0] * qs[1], ks[0] * ks[1], sq=qs[1], sk=ks[1])
-    seq.q_ref, seq.k_ref = q, k
-    return seq, qs[2:], ks[2:]
+        seq.q_ref, seq.k_ref = q, k
+        return seq, qs[2:], ks[2:]
     qs = V.check_rank(op, q_name, q, q_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
     ks = V.check_rank(op, k_name, k, k_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
     V.check_positive_dims(op, q_name, qs, range(1, len(qs)))

@@ -460,4 +460,6 @@ def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_i
         cfg.layout = seq.layout(q_offsets)
         cfg.limits = C.row_limits(cfg.layout, causal, ratio)
     iq, ik, w = _index_rows(seq, index_q, index_k, weights)
-    return _IndexerKLLoss.apply(iq, ik, w, I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, cfg)
+    # The attention side is a constant: detached, so no gradient node is ever asked for it.
+    const = (I.flat_rows(seq, query).detach(), I.flat_rows(seq, kv).detach(), lse.detach())
+    return _IndexerKLLoss.apply(iq, ik, w, *const, cfg)

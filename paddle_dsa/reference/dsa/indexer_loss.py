@@ -83,8 +83,11 @@ def sparse_backward(index_q, index_k, weights, gsig, gidx, valid):
     dqs, dws = [], []
     for r0 in range(0, tq, rows):
         r1 = min(tq, r0 + rows)
+        has = valid[r0:r1].any(axis=-1).reshape([-1, 1, 1])
         q = index_q[r0:r1].astype(ct)
+        q = paddle.where(has, q, paddle.zeros_like(q))  # rows with no valid slot are never read
         w = weights[r0:r1].astype(ct)
+        w = paddle.where(has.squeeze(-1), w, paddle.zeros_like(w))
         g = paddle.where(valid[r0:r1], gsig[r0:r1], paddle.zeros_like(gsig[r0:r1]))
         gk = C.gather_rows(k_all, gidx[r0:r1], valid[r0:r1])
         logits = paddle.matmul(q, gk, transpose_y=True)

@@ -30,10 +30,11 @@ def _lse_plus(lse, has, sink):
 
 def _chunk_logits(query, kv, gidx, valid, r0, r1, scale, ct):
     gk = C.gather_rows(kv, gidx[r0:r1], valid[r0:r1])
+    has = valid[r0:r1].any(axis=-1).reshape([-1, 1, 1])
     q = query[r0:r1].astype(ct)
+    q = paddle.where(has, q, paddle.zeros_like(q))      # rows with no valid slot are never read
     s = paddle.matmul(q, gk, transpose_y=True) * scale
     vmask = valid[r0:r1].unsqueeze(1).expand(s.shape)
-    has = valid[r0:r1].any(axis=-1).reshape([-1, 1, 1])
     return q, gk, s, vmask, has
 
 
