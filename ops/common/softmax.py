@@ -95,3 +95,32 @@ def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cu
         lse_out[r] = Float32(cutlass.select_(alive, lse, -Float32.inf))
         for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
             o_mn[r, c] = o_mn[r, c] * inv
+
+
+@cute.jit
+def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor):
+    """Like online_softmax_update, but leaves O alone: corr[r] = 2^(m_old - m~) for a later rescale_rows(O, corr)
+    (lets the caller overlap this with the previous P V wgmma still in flight)."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        m_blk = s_mn[r, 0]
+        for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
+            m_blk = cute.arch.fmax(m_blk, s_mn[r, c])
+        m_blk = quad_max(m_blk)
+        m_old = row_max[r]
+        m_new = cute.arch.fmax(m_old, m_blk)
+        m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
+        corr[r] = cute.math.exp2(m_old - m_use, fastmath=True)
+        row_max[r] = m_new
+        part = Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
+            s_mn[r, c] = p
+            part = part + p
+        row_sum[r] = row_sum[r] * corr[r] + part
+
+
+@cute.jit
+def rescale_rows(o_mn: cute.Tensor, corr: cute.Tensor):
+    for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+            o_mn[r, c] = o_mn[r, c] * corr[r]

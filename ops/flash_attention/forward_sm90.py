@@ -42,8 +42,8 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common import mask as mask_lib
-from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_update, scale_scores,
-                              softmax_state)
+from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_step, online_softmax_update,
+                              rescale_rows, scale_scores, softmax_state)
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -57,7 +57,7 @@ def stages_for(head_dim):
 class FlashFwdSm90:
     """One compiled forward variant: (dtype, head_dim, bounded mask?, varlen?)."""
 
-    def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool):
+    def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True):
         assert head_dim in (64, 128), head_dim
         self.dtype = dtype
         self.D = head_dim
@@ -66,6 +66,8 @@ class FlashFwdSm90:
         self.stages = stages_for(head_dim)
         self.bounded = bounded
         self.varlen = varlen
+        # overlap: issue Q K_{n+1}^T and P_n V_n back to back and run softmax(n+1) while P_n V_n is in flight
+        self.overlap = overlap
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -108,6 +110,10 @@ class FlashFwdSm90:
 
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                    (2, 1, 1), tiler_mn=(64, BN))
+        # same QK MMA twice: one fixed to overwrite (first k-block), one to accumulate; fixing the ACCUMULATE field
+        # once, outside all staged control flow, keeps the tracer from carrying MMA state across regions
+        qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                       (2, 1, 1), tiler_mn=(64, BN))
         pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
                                                    (2, 1, 1), tiler_mn=(64, D),
                                                    a_source=warpgroup.OperandSource.RMEM)
@@ -135,7 +141,7 @@ class FlashFwdSm90:
         self.shared_storage = SharedStorage
 
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, o_v, lse_v, mCuQ, mCuK, scale_log2, win_left, win_right,
-                    num_heads, num_kv_heads, grid_m, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout).launch(
+                    num_heads, num_kv_heads, grid_m, qk_mma, qk_mma_acc, pv_mma, sQ_layout, sK_layout, sV_layout).launch(
             grid=(grid_m, num_heads, grid_z), block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
@@ -144,7 +150,7 @@ class FlashFwdSm90:
                tma_v: cute.CopyAtom, tV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32, win_left: Int32, win_right: Int32,
                num_heads: Int32, num_kv_heads: Int32, grid_m: Int32,
-               qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+               qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
         D, BM, BN = self.D, self.BM, self.BN
         tidx, _, _ = cute.arch.thread_idx()
@@ -162,11 +168,11 @@ class FlashFwdSm90:
                 seqlen_k = mCuK[batch + 1] - k_off
                 if m_block * BM < seqlen_q:
                     self.attend(tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2, win_left, win_right,
-                                num_heads, num_kv_heads, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
+                                num_heads, num_kv_heads, qk_mma, qk_mma_acc, pv_mma, sQ_layout, sK_layout, sV_layout,
                                 tidx, head, batch, m_block, q_off, seqlen_q, k_off, seqlen_k)
         else:
             self.attend(tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2, win_left, win_right,
-                        num_heads, num_kv_heads, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
+                        num_heads, num_kv_heads, qk_mma, qk_mma_acc, pv_mma, sQ_layout, sK_layout, sV_layout,
                         tidx, head, batch, m_block, Int32(0), tQ.shape[0], Int32(0), tK.shape[0])
 
     @cute.jit
@@ -189,7 +195,7 @@ class FlashFwdSm90:
     @cute.jit
     def attend(self, tma_q, tQ, tma_k, tK, tma_v, tV, mO, mLSE, scale_log2: Float32, win_left: Int32,
                win_right: Int32, num_heads: Int32, num_kv_heads: Int32, qk_mma: cute.TiledMma,
-               pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, tidx: Int32, head: Int32, batch: Int32,
+               qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, tidx: Int32, head: Int32, batch: Int32,
                m_block: Int32, q_off: Int32, seqlen_q: Int32, k_off: Int32, seqlen_k: Int32):
         D, BM, BN, dt = self.D, self.BM, self.BN, self.dtype
         kv_head = head // (num_heads // num_kv_heads)
@@ -276,49 +282,86 @@ class FlashFwdSm90:
             c_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BM, BN))))
             n_kblk_pv = BN // 16
 
+            oc_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+            qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             row_max, row_sum = softmax_state(2)
             cute.arch.mbarrier_wait(q_bar, 0)
-            st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            for n in cutlass.range(n_lo, n_hi, unroll=1):
-                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
-                pipe_k.consumer_wait(st)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                    qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, st.index], acc_s)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(st)
-
-                s_mn = acc_mn_view(acc_s)
-                scale_scores(s_mn, scale_log2)
-                n_start = n * BN
-                if mask_lib.block_needs_mask(m_start, BM, n_start, BN, seqlen_q, seqlen_k, win_left, win_right,
-                                             self.bounded):
-                    mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,
-                                        self.bounded)
-                online_softmax_update(s_mn, o_mn, row_max, row_sum)
-
-                # P (fp32 accumulator order) -> input dtype; the C fragment ((2,2,BN/8)) of 16-bit values is
-                # exactly the register A fragment ((2,2,2), 1, BN/16) of the next wgmma.
-                rP = cute.make_rmem_tensor(acc_s.layout, dt)
-                rP.store(acc_s.load().to(dt))
-                tOrP = cute.make_tensor(rP.iterator, cute.make_layout(((2, 2, 2), 1, n_kblk_pv),
-                                                                      stride=((1, 2, 4), 0, 8)))
-                pipe_v.consumer_wait(st)
-                warpgroup.fence()
-                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                for kb in cutlass.range_constexpr(n_kblk_pv):
-                    cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, st.index], acc_o)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(st)
-                st.advance()
+            if cutlass.const_expr(not self.overlap):
+                st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                for n in cutlass.range(n_lo, n_hi, unroll=1):
+                    acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+                    pipe_k.consumer_wait(st)
+                    warpgroup.fence()
+                    self.issue_qk(qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, st.index)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(st)
+                    s_mn = acc_mn_view(acc_s)
+                    self.prep_scores(s_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
+                                     win_right)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
+                    tOrP = self.p_to_operand(acc_s)
+                    pipe_v.consumer_wait(st)
+                    warpgroup.fence()
+                    self.issue_pv(pv_mma, acc_o, tOrP, tOrV, st.index)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(st)
+                    st.advance()
+            else:
+                st_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                st_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                if n_lo < n_hi:
+                    acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+                    pipe_k.consumer_wait(st_k)
+                    warpgroup.fence()
+                    self.issue_qk(qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, st_k.index)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(st_k)
+                    st_k.advance()
+                    s_mn = acc_mn_view(acc_s)
+                    self.prep_scores(s_mn, c_mn, scale_log2, m_start, n_lo * BN, seqlen_q, seqlen_k, win_left,
+                                     win_right)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
+                    rP = cute.make_rmem_tensor(acc_s.layout, dt)
+                    rP.store(acc_s.load().to(dt))
+                    tOrP = self.p_view(rP)
+                    corr = cute.make_rmem_tensor((2,), Float32)
+                    for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
+                        acc_s2 = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+                        pipe_k.consumer_wait(st_k)
+                        pipe_v.consumer_wait(st_v)
+                        warpgroup.fence()
+                        self.issue_qk(qk_mma, qk_mma_acc, acc_s2, tSrQ, tSrK, st_k.index)
+                        warpgroup.commit_group()
+                        self.issue_pv(pv_mma, acc_o, tOrP, tOrV, st_v.index)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)          # Q K_n^T done (groups retire in order)
+                        pipe_k.consumer_release(st_k)
+                        st_k.advance()
+                        s2_mn = acc_mn_view(acc_s2)
+                        self.prep_scores(s2_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
+                                         win_right)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr)
+                        warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
+                        pipe_v.consumer_release(st_v)
+                        st_v.advance()
+                        rescale_rows(o_mn, corr)
+                        rP.store(acc_s2.load().to(dt))
+                    pipe_v.consumer_wait(st_v)
+                    warpgroup.fence()
+                    self.issue_pv(pv_mma, acc_o, tOrP, tOrV, st_v.index)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(st_v)
+                    st_v.advance()
 
             # ---------------- epilogue: O / l and lse, row-predicated direct stores
             lse_r = cute.make_rmem_tensor((2,), Float32)
             online_softmax_finalize(o_mn, row_max, row_sum, lse_r)
-            oc_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
             for r in cutlass.range_constexpr(2):
                 row = m_start + oc_mn[r, 0][0]
                 if row < seqlen_q:
@@ -326,3 +369,33 @@ class FlashFwdSm90:
                         gOh[q_off + row, oc_mn[r, c][1]] = dt(o_mn[r, c])
                     if ctid % 4 == 0:
                         gLh[q_off + row] = lse_r[r]
+
+    # ------------------------------------------------------------------------------------------ pieces
+    def issue_qk(self, qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, acc_s: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, stage):
+        for kb in range(cute.size(tSrQ, mode=[2])):
+            cute.gemm(qk_mma if kb == 0 else qk_mma_acc, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+
+    def issue_pv(self, pv_mma: cute.TiledMma, acc_o: cute.Tensor, tOrP: cute.Tensor, tOrV: cute.Tensor, stage):
+        # (ACCUMULATE is set once before the mainloop: O starts at 0)
+        for kb in range(cute.size(tOrP, mode=[2])):
+            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_o)
+
+    @cute.jit
+    def prep_scores(self, s_mn, c_mn, scale_log2: Float32, m_start: Int32, n_start: Int32, seqlen_q: Int32,
+                    seqlen_k: Int32, win_left: Int32, win_right: Int32):
+        """t = c * S, then -inf where invisible (only on blocks that can hold an invisible entry)."""
+        scale_scores(s_mn, scale_log2)
+        if mask_lib.block_needs_mask(m_start, self.BM, n_start, self.BN, seqlen_q, seqlen_k, win_left, win_right,
+                                     self.bounded):
+            mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,
+                                self.bounded)
+
+    def p_view(self, rP: cute.Tensor) -> cute.Tensor:
+        """The C fragment ((2,2,BN/8)) of 16-bit P is exactly the register A fragment ((2,2,2), 1, BN/16)."""
+        return cute.make_tensor(rP.iterator, cute.make_layout(((2, 2, 2), 1, self.BN // 16),
+                                                              stride=((1, 2, 4), 0, 8)))
+
+    def p_to_operand(self, acc_s: cute.Tensor):
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+        rP.store(acc_s.load().to(self.dtype))
+        return self.p_view(rP)

@@ -36,6 +36,11 @@ def _dtype_of(name):
     return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
 
 
+def _overlap():
+    """PADDLE_DSA_FWD_OVERLAP=0 selects the plain (non-overlapped) mainloop, a debugging fallback."""
+    return os.environ.get("PADDLE_DSA_FWD_OVERLAP", "1") != "0"
+
+
 def variant_key(dtype_name, head_dim, bounded, varlen):
     return (dtype_name, int(head_dim), bool(bounded), bool(varlen))
 
@@ -49,7 +54,7 @@ def all_variant_keys():
 def _compile(key, args):
     _, cutlass, cute, _, fwd_mod = _lazy()
     dtype_name, head_dim, bounded, varlen = key
-    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen)
+    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=_overlap())
     return cute.compile(kern, *args)
 
 
@@ -186,8 +191,8 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),
              cutlass.Int32(grid_m), cuda.CUstream(int(stream))]
     key = variant_key(dtype_name, D, bounded, varlen)
-    fn = _CACHE.get(key)
+    fn = _CACHE.get((key, _overlap()))
     if fn is None:
         fn = _compile(key, args)
-        _CACHE[key] = fn
+        _CACHE[(key, _overlap())] = fn
     fn(*args)
