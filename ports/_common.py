@@ -2,6 +2,8 @@
 
 Nothing here is selected by version: what differs between lines lives in the port packages.
 """
+import math
+
 import paddle
 import paddle.utils.dlpack as _dlpack
 
@@ -91,7 +93,8 @@ class Export:
 
 
 def aligned(t, align=ALIGN):
-    return t.numel() == 0 or int(t.data_ptr()) % align == 0
+    # Not t.numel(): a 0-D Tensor (a host sync on GPU when compared), and it has no fp8 CPU kernel.
+    return math.prod(int(s) for s in t.shape) == 0 or int(t.data_ptr()) % align == 0
 
 
 def refuse_copy(t, what, writable):
@@ -104,9 +107,14 @@ def refuse_copy(t, what, writable):
 
 
 def fresh_copy(t):
-    """A contiguous copy in a fresh (aligned) allocation."""
+    """A contiguous copy in a fresh (aligned) allocation; t itself is left as it is.
+
+    Never t.contiguous(): on 2.6 and 3.0 it converts the tensor in place (new storage, new strides), and
+    a detached tensor shares that state with the caller's tensor, so the caller's view would silently
+    stop being a view of its base.
+    """
     c = t.clone()
-    return c if c.is_contiguous() else c.contiguous()
+    return c if c.is_contiguous() else c.contiguous()  # c is ours: converting it in place is fine
 
 
 def to_cute(export, assumed_align=None, dynamic=False):

@@ -77,7 +77,9 @@ def export(t, writable=False):
     t = t.detach()
     if not t.is_contiguous():
         C.refuse_copy(t, "Paddle 2.6 exports wrong strides for a non-contiguous view", writable)
-        return C.Export(t.contiguous(), copied=True)
+        # clone(), not contiguous(): on 2.6 (and 3.0) contiguous() converts the tensor in place, and a
+        # detached view shares its impl with the caller's view, which would stop being a view.
+        return C.Export(C.fresh_copy(t), copied=True)
     if not C.aligned(t):
         C.refuse_copy(t, "its data pointer is not 16-byte aligned", writable)
         return C.Export(C.fresh_copy(t), copied=True)
