@@ -233,6 +233,7 @@ class FlashBwdSm90:
         bm, bn = self.bm, self.bn
         tid, _, _ = cute.arch.thread_idx()
         nb, hkv, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         smem = SmemAllocator()
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
@@ -272,8 +273,10 @@ class FlashBwdSm90:
             gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
             tsK, tgK = _tma_part(tma_k, sK, gK_t)
             tsV, tgV = _tma_part(tma_v, sV, gV_t)
-            if tid == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+            # TMA copies elect a leader lane themselves (elect.sync): issue them from a whole, converged warp
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
                 cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
                 cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
 
@@ -321,8 +324,9 @@ class FlashBwdSm90:
                 gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (m, 0))
                 tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
                 tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
-                if tid == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+                if warp_idx == 0:
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
                     cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
                     cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
                 if tid < bm:
@@ -400,6 +404,7 @@ class FlashBwdSm90:
         bm, bn = self.bm, self.bn
         tid, _, _ = cute.arch.thread_idx()
         mb, hq, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         hkv = hq // qhead_per_kv
 
         smem = SmemAllocator()
@@ -436,8 +441,9 @@ class FlashBwdSm90:
             gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (mb, 0))
             tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
             tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
-            if tid == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
                 cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
                 cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
             if tid < bm:
@@ -478,8 +484,9 @@ class FlashBwdSm90:
                 gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
                 tsK, tgK = _tma_part(tma_k, sK, gK_t)
                 tsV, tgV = _tma_part(tma_v, sV, gV_t)
-                if tid == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                if warp_idx == 0:
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
                     cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
                     cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
                 cute.arch.mbarrier_wait(bar_kv, it % 2)
