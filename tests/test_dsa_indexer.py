@@ -9,6 +9,15 @@ import paddle_dsa as P
 F64 = "float64"
 
 
+@pytest.fixture(autouse=True, params=["tiles-default", "tiles-tiny"])
+def tiles(request, monkeypatch):
+    """Run every test twice: default tiles, and 1-row chunks x 3-key blocks (the multi-tile code paths)."""
+    if request.param == "tiles-tiny":
+        from paddle_dsa.reference.dsa import _common
+        monkeypatch.setattr(_common, "KEY_BLOCK", 3)
+        monkeypatch.setattr(_common, "ELEMENT_BUDGET", 1)
+
+
 def pd(a, dtype=F64):
     return paddle.to_tensor(np.asarray(a), dtype=dtype)
 
@@ -133,6 +142,7 @@ def test_indexer_topk(k):
 def test_indexer_topk_large_k_sorted():
     rng = np.random.default_rng(5)
     s = rng.standard_normal((3, 3000)).astype(np.float32)
+    s[1] = np.round(s[1] * 2) / 2                       # many ties: lower column first, deterministically
     got = P.indexer_topk(pd(s, "float32"), 2048).numpy()
     np.testing.assert_array_equal(got, R.topk(s, 2048))
     vals = np.take_along_axis(s, got, -1)

@@ -7,6 +7,15 @@ import dsa_reference as R
 import paddle_dsa as P
 
 
+@pytest.fixture(autouse=True, params=["tiles-default", "tiles-tiny"])
+def tiles(request, monkeypatch):
+    """Run every test twice: default tiles, and 1-row chunks x 3-key blocks (the multi-tile code paths)."""
+    if request.param == "tiles-tiny":
+        from paddle_dsa.reference.dsa import _common
+        monkeypatch.setattr(_common, "KEY_BLOCK", 3)
+        monkeypatch.setattr(_common, "ELEMENT_BUDGET", 1)
+
+
 def pd(a, dtype="float64", grad=False):
     t = paddle.to_tensor(np.asarray(a), dtype=dtype)
     t.stop_gradient = not grad
@@ -207,6 +216,8 @@ def test_degenerate_softmax_lse_gives_no_inf_or_nan(sparse):
     lse[2, :] = np.inf
     lse[3, :5] = -np.inf
     lse[5, 7] = 1e30
+    lse[4, :] += 30.0                     # l1norm ~ e^-30 < 1e-10: the L1 clamp decides the target scale
+    lse[6, :] += 100.0                    # every exp argument < -126 ln 2: flushed to exactly 0
     lse32 = c.pub_lse(lse)
     Q32, KV32 = c.pub(c.Q, "float32"), c.pub(c.KV, "float32")
     if sparse:
@@ -220,6 +231,7 @@ def test_degenerate_softmax_lse_gives_no_inf_or_nan(sparse):
     np.testing.assert_allclose(a, ea, rtol=1e-5, atol=1e-30)
     np.testing.assert_allclose(n, en, rtol=1e-5)
     assert (a[2] == 0).all() and n[2] == 0                      # lse +inf: an all-zero target row
+    assert (a[6] == 0).all() and n[6] == 0                      # flush to zero, no denormals
     if c.mask[1].any():
         assert a[1][c.mask[1]].min() > 1e35                     # -1e30 saturates at the clamp, finitely
     qt, kt, wt = c.pub(c.q, "float32", True), c.pub(c.k, "float32", True), c.pub(c.w, "float32", True)
@@ -245,3 +257,38 @@ def test_index_lse_plus_inf_row_has_zero_gradient_and_grad_loss_number():
     dq2 = P.dense_indexer_backward(iq, ik, iw, s, l, a, n, pd(1.5, "float32"))[0]
     dq3 = P.dense_indexer_backward(iq, ik, iw, s, l, a, n, 1.0, loss_coeff=1.5)[0]
     np.testing.assert_allclose(dq2.numpy(), dq3.numpy(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_log_clip_at_minus_100(sparse):
+    """Sharp indexer scores put some log softmax(I) below -100: those entries get no gradient."""
+    c = Case(np.random.default_rng(61 + sparse), "bshd", 16, 64, 16, 64, sparse, kk=6)
+    w0 = c.w.copy()
+    for factor in (2, 3, 4, 6, 8, 12, 16, 24, 32):   # sharpen until part (not all) of the entries is clipped
+        c.w = w0 * factor
+        s, l, a, n = c.numpy_stats()
+        clipped = (np.where(c.mask, s - l[:, None], 0) < -100).sum() / c.mask.sum()
+        if 0.1 < clipped < 0.6:
+            break
+    assert 0.1 < clipped < 0.6, clipped
+    qt, kt, wt = c.pub(c.q, grad=True), c.pub(c.k, grad=True), c.pub(c.w, grad=True)
+    loss = P.indexer_kl_loss(qt, kt, wt, c.pub(c.Q), c.pub(c.KV), c.pub_lse(c.lse), **c.sparse_kw)
+    np.testing.assert_allclose(float(loss), R.kl_loss(s, l, a, n, c.mask, 1.0, c.n), rtol=2e-6)
+    loss.backward()
+    for t, e in zip((qt, kt, wt), c.numpy_grads(s, l, a, n, 1.0 / c.n)):
+        np.testing.assert_allclose(t.grad.numpy().reshape(e.shape), e, rtol=1e-7, atol=1e-9 * np.abs(e).max())
+
+
+def test_zero_target_row_gets_the_prob_min_clamp():
+    """A row whose target is all 0 (l1norm 0) still sees T = e^-100 at its entries: tiny, not zero, gradient."""
+    c = Case(np.random.default_rng(71), "bshd", 16, 64, 16, 64, False)
+    s, l, a, n = c.numpy_stats()
+    a[3] = 0.0
+    n[3] = 0.0
+    stats = [pd(x.reshape(c.rows + x.shape[1:])) for x in (s, l, a, n)]
+    dq, dk, dw = P.dense_indexer_backward(c.pub(c.q), c.pub(c.k), c.pub(c.w), *stats, 1.0)
+    eq, ek, ew = c.numpy_grads(s, l, a, n, 1.0 / c.n)
+    row = dw.numpy().reshape(c.tq, -1)[3]
+    assert 0 < np.abs(row).max() < 1e-40
+    np.testing.assert_allclose(row, ew[3], rtol=1e-6, atol=0)
+    np.testing.assert_allclose(dq.numpy().reshape(eq.shape), eq, rtol=1e-8, atol=1e-12 * np.abs(eq).max())
