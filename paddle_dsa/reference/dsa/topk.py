@@ -27,7 +27,7 @@ def topk(scores, k, lengths=None):
             ok = paddle.logical_and(ok, col < lengths[r0:r1].astype(paddle.int64).unsqueeze(-1))
         if kk > 0:
             key = paddle.where(ok, -s, paddle.full_like(s, float("inf")))
-            order = paddle.argsort(key, axis=-1, stable=True)[:, :kk]
+            order = _stable_argsort(key)[:, :kk]
             picked_ok = paddle.isfinite(paddle.take_along_axis(key, order, axis=-1))
             idx = paddle.where(picked_ok, order, paddle.full_like(order, -1)).astype(paddle.int32)
         else:
@@ -36,3 +36,17 @@ def topk(scores, k, lengths=None):
             idx = paddle.concat([idx, paddle.full([r1 - r0, k - kk], -1, dtype=paddle.int32)], axis=-1)
         parts.append(idx)
     return paddle.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def _stable_argsort(key):
+    """Ascending argsort of [R, W] with ties in column order, on every Paddle release (no `stable=`):
+    sort once, give each sorted entry the dense rank of its value, then sort the unique int64 keys
+    rank * (W + 1) + column."""
+    w = key.shape[-1]
+    order = paddle.argsort(key, axis=-1)
+    v = paddle.take_along_axis(key, order, axis=-1)
+    new_value = paddle.concat([paddle.zeros_like(v[:, :1], dtype=paddle.int64),
+                               (v[:, 1:] != v[:, :-1]).astype(paddle.int64)], axis=-1)
+    rank = paddle.cumsum(new_value, axis=-1)
+    unique = rank * (w + 1) + order.astype(paddle.int64)
+    return paddle.take_along_axis(order, paddle.argsort(unique, axis=-1), axis=-1)
