@@ -292,3 +292,29 @@ def test_zero_target_row_gets_the_prob_min_clamp():
     assert 0 < np.abs(row).max() < 1e-40
     np.testing.assert_allclose(row, ew[3], rtol=1e-6, atol=0)
     np.testing.assert_allclose(dq.numpy().reshape(eq.shape), eq, rtol=1e-8, atol=1e-12 * np.abs(eq).max())
+
+
+def test_indexer_kl_loss_gradients_match_finite_differences_of_the_loss():
+    """No numpy in the loop: gradients of the float64 path against central differences of the (float32)
+    loss value itself, with a step large enough for the float32 rounding of the returned scalar."""
+    c = Case(np.random.default_rng(81), "bshd", 16, 64, 16, 64, False)
+    c.w *= 3.0
+
+    def f():
+        return float(P.indexer_kl_loss(c.pub(c.q), c.pub(c.k), c.pub(c.w), c.pub(c.Q), c.pub(c.KV), c.pub_lse(c.lse)))
+
+    qt, kt, wt = c.pub(c.q, grad=True), c.pub(c.k, grad=True), c.pub(c.w, grad=True)
+    P.indexer_kl_loss(qt, kt, wt, c.pub(c.Q), c.pub(c.KV), c.pub_lse(c.lse)).backward()
+    for x, t in ((c.q, qt), (c.k, kt), (c.w, wt)):
+        g = t.grad.numpy().reshape(-1)
+        big = np.argsort(-np.abs(g))[:6]            # the largest entries: well above the float32 noise
+        for i in big:
+            flat = x.reshape(-1)
+            old = flat[i]
+            flat[i] = old + 3e-3
+            hi = f()
+            flat[i] = old - 3e-3
+            lo = f()
+            flat[i] = old
+            fd = (hi - lo) / 6e-3
+            assert abs(fd - g[i]) < 2e-2 * abs(g[i]) + 2e-5, (i, fd, g[i])
