@@ -36,12 +36,12 @@ def timeit(fn, iters):
     return times[len(times) // 2] * 1e-3
 
 
-def bench_fwd(iters):
+def bench_fwd(iters, quick=False):
     B, H = 2, 16
     rows = []
     for D in (64, 128):
         for causal in (False, True):
-            for S in (1024, 4096, 8192):
+            for S in ((8192,) if quick else (1024, 4096, 8192)):
                 q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
@@ -71,9 +71,42 @@ def bench_fwd(iters):
         print(f"{D:3d} {int(c):6d} {S:5d} | {o:7.1f} {fl:7.1f} {cu:7.1f} | {o / fl if fl == fl and fl else float('nan'):.2f}")
 
 
+def profile_host(n=300):
+    """Host cost of one seam call (no sync): wall time per call and the top cProfile entries."""
+    import cProfile
+    import pstats
+    import time
+    q, k, v = (torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 16, 1024, device="cuda", dtype=torch.float32)
+    stream = torch.cuda.current_stream().cuda_stream
+    call = lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=0.088, causal=False, window=(-1, -1),  # noqa
+                                  stream=stream)
+    call()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        call()
+    host = (time.perf_counter() - t) / n
+    torch.cuda.synchronize()
+    print(f"host time per seam call: {host * 1e6:.1f} us")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        call()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--fwd", action="store_true", default=True)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")
+    ap.add_argument("--quick", action="store_true", help="S=8k only")
     a = ap.parse_args()
-    bench_fwd(a.iters)
+    if a.host:
+        profile_host()
+    else:
+        bench_fwd(a.iters, quick=a.quick)

@@ -57,7 +57,8 @@ def stages_for(head_dim):
 class FlashFwdSm90:
     """One compiled forward variant: (dtype, head_dim, bounded mask?, varlen?)."""
 
-    def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True):
+    def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
+                 pingpong: bool = False):
         assert head_dim in (64, 128), head_dim
         self.dtype = dtype
         self.D = head_dim
@@ -68,6 +69,9 @@ class FlashFwdSm90:
         self.varlen = varlen
         # overlap: issue Q K_{n+1}^T and P_n V_n back to back and run softmax(n+1) while P_n V_n is in flight
         self.overlap = overlap
+        # pingpong (with overlap): the two consumer warpgroups take turns issuing their wgmmas (named barriers),
+        # so one warpgroup's softmax runs under the other's tensor-core work
+        self.pingpong = pingpong and overlap
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -313,12 +317,18 @@ class FlashFwdSm90:
             else:
                 st_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
                 st_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                cwg = wg - 1
                 if n_lo < n_hi:
                     acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+                    if cutlass.const_expr(self.pingpong):
+                        if cwg == 1:
+                            self.turn_bar(0).arrive()   # warpgroup 0 issues first
                     pipe_k.consumer_wait(st_k)
+                    self.turn_wait(cwg)
                     warpgroup.fence()
                     self.issue_qk(qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, st_k.index)
                     warpgroup.commit_group()
+                    self.turn_pass(cwg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(st_k)
                     st_k.advance()
@@ -334,11 +344,13 @@ class FlashFwdSm90:
                         acc_s2 = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
                         pipe_k.consumer_wait(st_k)
                         pipe_v.consumer_wait(st_v)
+                        self.turn_wait(cwg)
                         warpgroup.fence()
                         self.issue_qk(qk_mma, qk_mma_acc, acc_s2, tSrQ, tSrK, st_k.index)
                         warpgroup.commit_group()
                         self.issue_pv(pv_mma, acc_o, tOrP, tOrV, st_v.index)
                         warpgroup.commit_group()
+                        self.turn_pass(cwg)
                         warpgroup.wait_group(1)          # Q K_n^T done (groups retire in order)
                         pipe_k.consumer_release(st_k)
                         st_k.advance()
@@ -352,9 +364,13 @@ class FlashFwdSm90:
                         rescale_rows(o_mn, corr)
                         rP.store(acc_s2.load().to(dt))
                     pipe_v.consumer_wait(st_v)
+                    self.turn_wait(cwg)
                     warpgroup.fence()
                     self.issue_pv(pv_mma, acc_o, tOrP, tOrV, st_v.index)
                     warpgroup.commit_group()
+                    if cutlass.const_expr(self.pingpong):
+                        if cwg == 0:                    # warpgroup 1 waits for this last turn; its own is dropped
+                            self.turn_bar(1).arrive()
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(st_v)
                     st_v.advance()
@@ -371,6 +387,26 @@ class FlashFwdSm90:
                         gLh[q_off + row] = lse_r[r]
 
     # ------------------------------------------------------------------------------------------ pieces
+    def turn_bar(self, c):
+        """Named barrier on which consumer warpgroup c waits for its turn (c's 128 + the other's 128 threads)."""
+        return pipeline.NamedBarrier(barrier_id=5 + c, num_threads=256)
+
+    @cute.jit
+    def turn_wait(self, cwg: Int32):
+        if cutlass.const_expr(self.pingpong):
+            if cwg == 0:
+                self.turn_bar(0).arrive_and_wait()
+            else:
+                self.turn_bar(1).arrive_and_wait()
+
+    @cute.jit
+    def turn_pass(self, cwg: Int32):
+        if cutlass.const_expr(self.pingpong):
+            if cwg == 0:
+                self.turn_bar(1).arrive()
+            else:
+                self.turn_bar(0).arrive()
+
     def issue_qk(self, qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, acc_s: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, stage):
         for kb in range(cute.size(tSrQ, mode=[2])):
             cute.gemm(qk_mma if kb == 0 else qk_mma_acc, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)

@@ -41,6 +41,11 @@ def _overlap():
     return os.environ.get("PADDLE_DSA_FWD_OVERLAP", "1") != "0"
 
 
+def _pingpong():
+    """PADDLE_DSA_FWD_PINGPONG=1: consumer warpgroups take turns issuing wgmmas (experimental)."""
+    return os.environ.get("PADDLE_DSA_FWD_PINGPONG", "0") == "1"
+
+
 def variant_key(dtype_name, head_dim, bounded, varlen):
     return (dtype_name, int(head_dim), bool(bounded), bool(varlen))
 
@@ -54,7 +59,8 @@ def all_variant_keys():
 def _compile(key, args):
     _, cutlass, cute, _, fwd_mod = _lazy()
     dtype_name, head_dim, bounded, varlen = key
-    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=_overlap())
+    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=_overlap(),
+                                pingpong=_pingpong())
     return cute.compile(kern, *args)
 
 
@@ -191,8 +197,8 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),
              cutlass.Int32(grid_m), cuda.CUstream(int(stream))]
     key = variant_key(dtype_name, D, bounded, varlen)
-    fn = _CACHE.get((key, _overlap()))
+    fn = _CACHE.get((key, _overlap(), _pingpong()))
     if fn is None:
         fn = _compile(key, args)
-        _CACHE[(key, _overlap())] = fn
+        _CACHE[(key, _overlap(), _pingpong())] = fn
     fn(*args)
