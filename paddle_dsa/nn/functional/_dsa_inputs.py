@@ -179,7 +179,7 @@ def lse_rows(op, seq, softmax_lse, h, place_ref):
     return out
 
 
-def check_topk_indices(op, seq, topk_indices, topk_length, place_ref):
+def check_topk_indices(op, seq, topk_indices, topk_length, place_ref, ref_name="query"):
     """topk_indices int32 [B,Sq,K] / [Tq,K] (local to each sequence), topk_length int32 [B,Sq] / [Tq]."""
     V.check_tensor(op, "topk_indices", topk_indices)
     V.check_dtype(op, "topk_indices", topk_indices, ("int32",))
@@ -189,7 +189,7 @@ def check_topk_indices(op, seq, topk_indices, topk_length, place_ref):
         V.fail(op, f"`topk_indices` rows {list(shp[:-1])} must match the query rows {list(seq.rows())}")
     V.check_optional_int_tensor(op, "topk_length", topk_length, seq.rows(), f"int32 {seq.row_layout()}")
     tensors = [place_ref, topk_indices] + ([] if topk_length is None else [topk_length])
-    V.check_same_place(op, ("query", "topk_indices", "topk_length")[:len(tensors)], tensors)
+    V.check_same_place(op, (ref_name, "topk_indices", "topk_length")[:len(tensors)], tensors)
     k = shp[-1]
     idx = flat_rows(seq, topk_indices) if not seq.thd else topk_indices
     idx = idx.reshape([seq.tq, k])

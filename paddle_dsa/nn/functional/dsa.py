@@ -227,8 +227,8 @@ def _dense_index_stats(iq, ik, w, layout, limits):
     return s, ref_index.index_lse(s, mask), mask
 
 
-def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor):
-    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor)
+def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor, ref_name="index_q"):
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor, ref_name)
     layout = seq.layout()
     gidx, valid = C.slot_validity(layout, idx, tl, place_tensor.place)
     return layout, gidx, valid, k
@@ -352,7 +352,7 @@ def sparse_attn_score_recompute(query, kv, softmax_lse, topk_indices, *, softmax
     op = "sparse_attn_score_recompute"
     _start(op)
     seq, scale, lse, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
-    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, query)
+    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, query, "query")
     _gpu(op, on_gpu)
     with paddle.no_grad():
         a, l1 = ref_attn.sparse(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, gidx, valid)
