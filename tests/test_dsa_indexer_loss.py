@@ -318,3 +318,26 @@ def test_indexer_kl_loss_gradients_match_finite_differences_of_the_loss():
             flat[i] = old
             fd = (hi - lo) / 6e-3
             assert abs(fd - g[i]) < 2e-2 * abs(g[i]) + 2e-5, (i, fd, g[i])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_indexer_kl_loss_low_precision_inputs(dtype):
+    """bf16/fp16 inputs compute in float32: loss and grads match float64 on the same rounded inputs."""
+    c = Case(np.random.default_rng(91), "bshd", 64, 128, 64, 576, True, kk=6)
+    rounded = {}
+    for name in ("q", "k", "w", "Q", "KV"):
+        t = c.pub(getattr(c, name), dtype)
+        rounded[name] = t
+        setattr(c, name, t.astype("float64").numpy().reshape(getattr(c, name).shape))
+    for t in (rounded["q"], rounded["k"], rounded["w"]):
+        t.stop_gradient = False
+    loss = P.indexer_kl_loss(rounded["q"], rounded["k"], rounded["w"], rounded["Q"], rounded["KV"], c.pub_lse(c.lse),
+                             **c.sparse_kw)
+    s, l, a, n = c.numpy_stats()
+    np.testing.assert_allclose(float(loss), R.kl_loss(s, l, a, n, c.mask, 1.0, c.n), rtol=1e-4)
+    loss.backward()
+    for t, e in zip((rounded["q"], rounded["k"], rounded["w"]), c.numpy_grads(s, l, a, n, 1.0 / c.n)):
+        assert t.grad.dtype == getattr(paddle, dtype)
+        got = t.grad.astype("float64").numpy().reshape(e.shape)
+        rel = np.sqrt(((got - e) ** 2).mean() / (e ** 2).mean())
+        assert rel < 1e-2, rel
