@@ -168,3 +168,56 @@ def stream_handle(t):
                          "the kernels run on GPU tensors only")
     dev = place.gpu_device_id()
     return int(paddle.device.current_stream(f"gpu:{dev}").stream_base.cuda_stream)
+
+
+# ---- paddle.jit.to_static ------------------------------------------------------------------------------
+
+def _package_dirs():
+    """Directories of paddle_dsa's code: the package, its ports and its ops (mapped from elsewhere)."""
+    import importlib.util
+    import os
+
+    top = __name__.split(".")[0]  # "paddle_dsa" when installed
+    dirs = []
+    for name in (top, f"{top}.ports", f"{top}.ops"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for loc in (spec.submodule_search_locations or ()) if spec else ():
+            dirs.append(os.path.join(os.path.abspath(loc), ""))
+    return tuple(dict.fromkeys(dirs))
+
+
+JIT_STATUS = {"sot_skip": None, "ast_ignore": None}
+
+
+def keep_jit_out():
+    """Make paddle.jit.to_static run paddle_dsa's code eagerly instead of translating it.
+
+    - SOT (full_graph=False) translates every Python frame it meets; on 3.0-3.3 it breaks on paddle_dsa's
+      validation (UnboundLocalError '___graph_fn_saved_orig_1' in its generated code for `t.place`
+      checks). Frames from files under SOT's skip prefixes run eagerly; the skip list and its setup
+      function are the same in 2.6.2-3.3.1 (paddle.jit.sot.opcode_translator.skip_files).
+    - AST (full_graph=True) rewrites called functions; 3.0 mistranslates keyword-only arguments with
+      defaults. paddle.jit.ignore_module (public since 2.5) leaves paddle_dsa's functions as they are, so
+      they run on static Values/Variables and their dynamic-mode check refuses clearly.
+    """
+    import sys
+
+    dirs = _package_dirs()
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+
+        skip_files.skip_file_names.update(dirs)
+        skip_files.setup_skip_files()
+        JIT_STATUS["sot_skip"] = dirs
+    except Exception as exc:  # an internal API: report, never fail the import
+        JIT_STATUS["sot_skip"] = f"not registered: {type(exc).__name__}: {exc}"
+    top = __name__.split(".")[0]
+    mods = [sys.modules[m] for m in (top, f"{top}.nn", f"{top}.nn.functional") if m in sys.modules]
+    try:
+        paddle.jit.ignore_module(mods)
+        JIT_STATUS["ast_ignore"] = tuple(m.__name__ for m in mods)
+    except Exception as exc:
+        JIT_STATUS["ast_ignore"] = f"not registered: {type(exc).__name__}: {exc}"

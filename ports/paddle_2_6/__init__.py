@@ -127,3 +127,7 @@ if dsl_import_error() is not None and "cutlass" not in sys.modules:
     warnings.warn("paddle_dsa: " + dsl_import_error() + " The reference path still works.", RuntimeWarning,
                   stacklevel=2)
     sys.meta_path.insert(0, _RefuseDSL())
+
+
+# paddle.jit.to_static: run paddle_dsa eagerly (SOT skip list) and untransformed (AST ignore list).
+C.keep_jit_out()

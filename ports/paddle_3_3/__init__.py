@@ -81,3 +81,7 @@ stream_handle = C.stream_handle
 def dsl_import_error():
     """None: on 3.3 cutlass can be imported before or after paddle."""
     return None
+
+
+# paddle.jit.to_static: run paddle_dsa eagerly (SOT skip list) and untransformed (AST ignore list).
+C.keep_jit_out()

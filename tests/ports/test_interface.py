@@ -263,3 +263,13 @@ def test_input_grads_checks_the_count():
         PORT.input_grads((True, False), (paddle.ones([1]),))
     g = paddle.ones([1])
     assert PORT.input_grads((True, False), (g, g)) == (g, None)
+
+
+def test_jit_registration_worked_on_this_release():
+    """keep_jit_out() uses SOT's skip list (internal, same in 2.6.2-3.3.1) and jit.ignore_module."""
+    from paddle_dsa.ports import _common
+
+    sot = _common.JIT_STATUS["sot_skip"]
+    assert isinstance(sot, tuple), sot
+    assert any(d.rstrip(os.sep).endswith("paddle_dsa") for d in sot) and any("ports" in d for d in sot)
+    assert isinstance(_common.JIT_STATUS["ast_ignore"], tuple), _common.JIT_STATUS["ast_ignore"]
