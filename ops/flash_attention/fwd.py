@@ -96,7 +96,8 @@ def _check_tma(name, t, elem_bytes):
     for s in t.stride[:-1]:
         if (int(s) * elem_bytes) % 16:
             raise ValueError(f"{name}: every stride must be a multiple of 16 bytes, got strides {tuple(t.stride)}")
-    if int(t.iterator._pointer) % 16:
+    t.load_dltensor()
+    if int(t._dltensor_wrapper.data_ptr) % 16:
         raise ValueError(f"{name}: base address must be 16-byte aligned")
 
 
@@ -117,7 +118,10 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         dev = x.__dlpack_device__()
         if int(dev[0]) != _KDL_CUDA:
             raise ValueError(f"{name}: must be on a CUDA device, got DLPack device {tuple(dev)}")
-    ct = {name: from_dlpack(x) for name, x in named.items()}  # for validation only (no alignment assumed)
+    # one conversion per tensor (the alignment is only an assumption recorded for the compiled code; it is
+    # checked below before any launch)
+    ct = {name: from_dlpack(x, assumed_align=16 if name in ("q", "k", "v", "out") else 4)
+          for name, x in named.items()}
 
     dt = ct["q"].element_type
     dtype_name = {cutlass.BFloat16: "bfloat16", cutlass.Float16: "float16"}.get(dt)
@@ -182,16 +186,17 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
 
-    if int(ct["lse"].stride[-1]) != 1 or int(ct["lse"].iterator._pointer) % 4:
+    ct["lse"].load_dltensor()
+    if int(ct["lse"].stride[-1]) != 1 or int(ct["lse"]._dltensor_wrapper.data_ptr) % 4:
         raise ValueError("lse: innermost stride must be 1 and the base 4-byte aligned")
 
-    def dyn(name, align):
-        t = from_dlpack(named[name], assumed_align=align)
+    def dyn(name):
+        t = ct[name]
         return t.mark_layout_dynamic(leading_dim=len(t.shape) - 1)
 
-    args = [dyn("q", 16), dyn("k", 16), dyn("v", 16), dyn("out", 16), dyn("lse", 4)]
+    args = [dyn("q"), dyn("k"), dyn("v"), dyn("out"), dyn("lse")]
     if varlen:
-        args += [dyn("cu_seqlens_q", 4), dyn("cu_seqlens_k", 4)]
+        args += [dyn("cu_seqlens_q"), dyn("cu_seqlens_k")]
     else:
         args += [None, None]
     args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),
