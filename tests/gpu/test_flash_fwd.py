@@ -127,6 +127,14 @@ def test_window(window, causal, Sq, Sk):
     check(q, k, v, causal=causal, window=window)
 
 
+@pytest.mark.parametrize("Sq,Sk,D", [(1000, 300, 64), (1, 1, 128), (64, 1, 64), (799, 3, 128)])
+def test_causal_dead_rows(Sq, Sk, D):
+    """Sq > Sk bottom-right causal: the first Sq - Sk rows see no key (out 0, lse -inf), off the 128-row grid."""
+    torch.manual_seed(Sq + Sk)
+    q, k, v = rnd(2, Sq, 2, D), rnd(2, Sk, 1, D), rnd(2, Sk, 1, D)
+    check(q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("scale", [0.0, -0.125, 0.5, 1.2])
 def test_scales(scale):
     torch.manual_seed(5)
@@ -183,6 +191,13 @@ def test_varlen_window_gqa():
     torch.manual_seed(22)
     q, k, v, cu_q, cu_k, mq, mk = _varlen_case([511, 3, 307, 1], [1, 513, 256, 40], 8, 1, 128, extra_q=200)
     check(q, k, v, causal=True, window=(48, -1), cu_q=cu_q, cu_k=cu_k, max_q=mq, max_k=mk)
+
+
+def test_varlen_fp16_mqa_window():
+    """fp16, MQA (8:1), window without causal, max_seqlen_q larger than any segment."""
+    torch.manual_seed(24)
+    q, k, v, cu_q, cu_k, mq, mk = _varlen_case([129, 1, 0, 640], [300, 2, 5, 64], 8, 1, 64, extra_q=3, dtype=F16)
+    check(q, k, v, window=(20, 30), cu_q=cu_q, cu_k=cu_k, max_q=mq + 200, max_k=mk)
 
 
 def test_varlen_issue443():
