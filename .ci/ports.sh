@@ -70,6 +70,9 @@ for line in $LINES; do
   log="$CACHE/paddle-$line-$key.log"
   : >"$log"
   built=cached
+  # One builder per venv at a time (two CI runs on one machine share the cache).
+  exec {lockfd}>"$venv.lock"
+  flock "$lockfd"
   if [ ! -f "$venv/.complete" ]; then
     rm -rf "$venv"
     built=built
@@ -77,16 +80,18 @@ for line in $LINES; do
       summary+=("ports[$line]: FAIL venv build ($(( $(date +%s) - t0 ))s), log $log")
       tail -n 20 "$log"
       rm -rf "$venv"
+      flock -u "$lockfd"; exec {lockfd}>&-
       status=1
       continue
     fi
   fi
+  flock -u "$lockfd"; exec {lockfd}>&-
   if ! ensure_editable "$venv" "$log"; then
     summary+=("ports[$line]: FAIL editable install, log $log"); tail -n 20 "$log"; status=1; continue
   fi
   t1=$(date +%s)
   paddle_v=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("paddlepaddle"))' 2>/dev/null)
-  # -p paddle_dsa.ports loads the port (and, on 2.6, cutlass before paddle) ahead of every conftest.
+  # -p paddle_dsa.ports runs the port's import-order step (2.6: zlib before paddle) ahead of every conftest.
   out=$(cd "$ROOT" && "$venv/bin/python" -m pytest -p paddle_dsa.ports -q -p no:cacheprovider "${TESTS[@]}" 2>&1)
   rc=$?
   t2=$(date +%s)
