@@ -22,12 +22,14 @@ def available(which):
     return _module(which) is not None
 
 
-def _alloc_for(place):
-    def alloc(shape, dtype):
-        # Workspaces: the kernels initialise everything they read.
-        return PORT.export(paddle.empty(list(shape), dtype=PORT.dtype_from_name(dtype)))
+def _alloc(shape, dtype):
+    """Workspace allocator handed to the kernels: they initialise everything they read."""
+    return PORT.export(paddle.empty(list(shape), dtype=PORT.dtype_from_name(dtype)), writable=True)
 
-    return alloc
+
+def _out(t):
+    """Export of an output buffer: never a copy (the kernel's writes must land in t)."""
+    return PORT.export(t, writable=True)
 
 
 def forward(q, k, v, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k=0):
@@ -39,7 +41,7 @@ def forward(q, k, v, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k
     lse = paddle.empty(lse_shape, dtype=paddle.float32)
     ex = PORT.export
     _module("fwd").flash_attn_fwd(
-        ex(q), ex(k), ex(v), ex(out), ex(lse),
+        ex(q), ex(k), ex(v), _out(out), _out(lse),
         softmax_scale=scale, causal=causal, window=window,
         cu_seqlens_q=None if cu_q is None else ex(cu_q), cu_seqlens_k=None if cu_k is None else ex(cu_k),
         max_seqlen_q=max_q, max_seqlen_k=max_k, stream=PORT.stream_handle(q),
@@ -54,11 +56,11 @@ def backward(q, k, v, out, dout, lse, dlse, scale, causal, window, cu_q=None, cu
     dv = paddle.empty(PORT.shape(v), dtype=v.dtype)
     ex = PORT.export
     _module("bwd").flash_attn_bwd(
-        ex(q), ex(k), ex(v), ex(out), ex(dout), ex(lse), ex(dq), ex(dk), ex(dv),
+        ex(q), ex(k), ex(v), ex(out), ex(dout), ex(lse), _out(dq), _out(dk), _out(dv),
         dlse=None if dlse is None else ex(dlse),
         softmax_scale=scale, causal=causal, window=window,
         cu_seqlens_q=None if cu_q is None else ex(cu_q), cu_seqlens_k=None if cu_k is None else ex(cu_k),
         max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
-        alloc=_alloc_for(q.place), stream=PORT.stream_handle(q),
+        alloc=_alloc, stream=PORT.stream_handle(q),
     )
     return dq, dk, dv

@@ -31,8 +31,9 @@ def _check_gpu_table(op, dtype, head_dim):
                    f"{', '.join(map(str, SUPPORTED.HEAD_DIMS))} (the CPU reference path accepts any)")
 
 
-def _use_kernel(op, which, on_gpu):
-    if not on_gpu:
+def _use_kernel(op, which, kernel_shape):
+    """kernel_shape: a CUDA place and a problem the kernels can describe (no empty token axis)."""
+    if not kernel_shape:
         return False
     if gpu.available(which):
         return True
@@ -46,7 +47,7 @@ def _use_kernel(op, which, on_gpu):
 class _Config:
     """Static configuration of one call (plain Python values, no grad slots)."""
 
-    __slots__ = ("op", "scale", "causal", "window", "on_gpu", "cu_q_host", "cu_k_host", "max_q", "max_k")
+    __slots__ = ("op", "scale", "causal", "window", "kernel_shape", "cu_q_host", "cu_k_host", "max_q", "max_k")
 
     def __init__(self, **kw):
         for key in self.__slots__:
@@ -54,7 +55,7 @@ class _Config:
 
 
 def _forward(cfg, q, k, v, cu_q, cu_k):
-    if _use_kernel(cfg.op, "fwd", cfg.on_gpu):
+    if _use_kernel(cfg.op, "fwd", cfg.kernel_shape):
         return gpu.forward(q, k, v, cfg.scale, cfg.causal, cfg.window, cu_q, cu_k, cfg.max_q, cfg.max_k)
     if cu_q is None:
         return ref.flash_attention_fwd(q, k, v, cfg.scale, cfg.causal, cfg.window)
@@ -62,7 +63,7 @@ def _forward(cfg, q, k, v, cu_q, cu_k):
 
 
 def _backward(cfg, q, k, v, out, dout, lse, dlse, cu_q, cu_k):
-    if _use_kernel(cfg.op, "bwd", cfg.on_gpu):
+    if _use_kernel(cfg.op, "bwd", cfg.kernel_shape):
         return gpu.backward(q, k, v, out, dout, lse, dlse, cfg.scale, cfg.causal, cfg.window, cu_q, cu_k,
                             cfg.max_q, cfg.max_k, deterministic=config.deterministic_backward)
     if cu_q is None:
@@ -156,7 +157,7 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
         _check_gpu_table(op, dtype, qs[3])
-    cfg = _Config(op=op, scale=scale, causal=causal, window=window, on_gpu=on_gpu, max_q=qs[1], max_k=ks[1])
+    cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=on_gpu, max_q=qs[1], max_k=ks[1])
     out, lse = _FlashAttention.apply(query, key, value, cfg)
     return (out, lse) if return_softmax_lse else out
 
@@ -191,11 +192,13 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
     V.check_same_place(op, ("query", "cu_seqlens_q", "cu_seqlens_k"), (query, cu_seqlens_q, cu_seqlens_k))
     if on_gpu:
         _check_gpu_table(op, dtype, qs[2])
+    # An empty token axis has no TMA descriptor: such calls (every row sees no key) take the reference path.
+    kernel_shape = on_gpu and qs[0] > 0 and ks[0] > 0
     cu_q_host = cu_k_host = None
-    if not (on_gpu and gpu.available("fwd")):
+    if not (kernel_shape and gpu.available("fwd") and gpu.available("bwd")):
         cu_q_host = np.asarray(PORT.to_numpy(cu_seqlens_q), dtype=np.int64)
         cu_k_host = np.asarray(PORT.to_numpy(cu_seqlens_k), dtype=np.int64)
-    cfg = _Config(op=op, scale=scale, causal=causal, window=window, on_gpu=on_gpu,
+    cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=kernel_shape,
                   cu_q_host=cu_q_host, cu_k_host=cu_k_host, max_q=max_q, max_k=max_k)
     out, lse = _FlashAttention.apply(query, key, value, cu_seqlens_q, cu_seqlens_k, cfg)
     return (out, lse) if return_softmax_lse else out

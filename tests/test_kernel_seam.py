@@ -1,0 +1,161 @@
+"""The Paddle side of the GPU seam, on CPU: a fake ops module stands in for the CuTe kernels.
+
+With PORT.is_gpu patched to True and the fake module installed, flash_attention takes the kernel path:
+paddle_dsa/kernels/flash_attention.py exports the tensors through the port, allocates outputs and
+workspaces, and calls ops.flash_attention.{fwd,bwd} with the seam's keyword signature. The fake kernels
+read their inputs back through DLPack, compute with the reference path and write the outputs through
+DLPack, so any mix-up of argument order, shapes, lse layout or output aliasing shows up as a wrong number.
+"""
+import importlib
+import inspect
+import math
+import types
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_dsa._port import PORT
+from paddle_dsa.kernels import flash_attention as seam
+from paddle_dsa.nn import functional as F
+from paddle_dsa.reference import flash_attention as ref
+
+from flash_helpers import assert_close, check_dense, make, to64
+
+fa = importlib.import_module("paddle_dsa.nn.functional.flash_attention")
+
+
+def _in(x):
+    return None if x is None else paddle.utils.dlpack.from_dlpack(x.__dlpack__())
+
+
+def _write(dst, src):
+    dst = _in(dst)
+    paddle.assign(src.astype(dst.dtype), output=dst)
+
+
+class FakeKernels:
+    def __init__(self):
+        self.calls = []
+
+    def flash_attn_fwd(self, q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, stream=0):
+        self.calls.append(("fwd", stream))
+        q, k, v = _in(q), _in(k), _in(v)
+        if cu_seqlens_q is None:
+            o, l = ref.flash_attention_fwd(q, k, v, softmax_scale, causal, window)
+        else:
+            cq, ck = _in(cu_seqlens_q).numpy(), _in(cu_seqlens_k).numpy()
+            assert max_seqlen_q >= np.diff(cq).max() and max_seqlen_k >= np.diff(ck).max()
+            o, l = ref.flash_attention_varlen_fwd(q, k, v, cq, ck, softmax_scale, causal, window)
+        _write(out, o)
+        _write(lse, l)
+
+    def flash_attn_bwd(self, q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_scale, causal, window,
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, deterministic=False,
+                       alloc, stream=0):
+        self.calls.append(("bwd", stream, deterministic))
+        ws = alloc((3, 5), "float32")  # a workspace must come back as a writable DLPack export
+        _write(ws, paddle.zeros([3, 5]))
+        args = [_in(x) for x in (q, k, v, out, dout, lse)]
+        if cu_seqlens_q is None:
+            g = ref.flash_attention_bwd(*args, _in(dlse), softmax_scale, causal, window)
+        else:
+            g = ref.flash_attention_varlen_bwd(*args, _in(dlse), _in(cu_seqlens_q).numpy(), _in(cu_seqlens_k).numpy(),
+                                               softmax_scale, causal, window)
+        for dst, src in zip((dq, dk, dv), g):
+            _write(dst, src)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    kernels = FakeKernels()
+    mod = types.SimpleNamespace(flash_attn_fwd=kernels.flash_attn_fwd, flash_attn_bwd=kernels.flash_attn_bwd)
+    monkeypatch.setattr(seam, "_MODULES", {"fwd": mod, "bwd": mod})
+    monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
+    monkeypatch.setattr(PORT, "stream_handle", lambda t: 1234)
+    return kernels
+
+
+def test_seam_signatures_match_ops_modules():
+    """The keyword signatures the seam calls are the ones ops.flash_attention declares (read from source)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "ops" / "flash_attention"
+    for mod, fn, fake_fn in (("fwd", "flash_attn_fwd", FakeKernels.flash_attn_fwd),
+                             ("bwd", "flash_attn_bwd", FakeKernels.flash_attn_bwd)):
+        tree = ast.parse((root / f"{mod}.py").read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn)
+        pos = [a.arg for a in node.args.args]
+        kw = [a.arg for a in node.args.kwonlyargs]
+        fake_params = inspect.signature(fake_fn).parameters
+        fake_pos = [p for p, v in fake_params.items() if v.kind == v.POSITIONAL_OR_KEYWORD and p != "self"]
+        fake_kw = [p for p, v in fake_params.items() if v.kind == v.KEYWORD_ONLY]
+        assert pos == fake_pos, (mod, pos)
+        assert kw == fake_kw, (mod, kw)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (5, 0))])
+def test_dense_through_seam(rng, fake, causal, window):
+    b, sq, sk, h, hkv, d = 2, 33, 47, 4, 2, 64
+    dtype = "bfloat16"
+    q, q64 = make(rng, [b, sq, h, d], dtype)
+    k, k64 = make(rng, [b, sk, hkv, d], dtype)
+    v, v64 = make(rng, [b, sk, hkv, d], dtype)
+    out, lse = F.flash_attention(q, k, v, causal=causal, window_size=window, return_softmax_lse=True)
+    dout, dout64 = make(rng, [b, sq, h, d], dtype, requires_grad=False)
+    (out.astype("float32") * dout.astype("float32")).sum().backward()
+    assert [c[0] for c in fake.calls] == ["fwd", "bwd"] and fake.calls[0][1] == 1234
+    check_dense(dtype, q, k, v, out, lse, q64, k64, v64, dout64, None, 1 / math.sqrt(d), causal, window)
+
+
+def test_varlen_through_seam(rng, fake):
+    cu_q = np.array([0, 3, 3, 20], np.int32)
+    cu_k = np.array([0, 5, 9, 30], np.int32)
+    h, d = 2, 64
+    q, _ = make(rng, [22, h, d], "float16")
+    k, _ = make(rng, [31, h, d], "float16")
+    v, _ = make(rng, [31, h, d], "float16")
+    args = (paddle.to_tensor(cu_q), paddle.to_tensor(cu_k), 17, 21)
+    out, lse = F.flash_attention_varlen(q, k, v, *args, causal=True, return_softmax_lse=True)
+    out.astype("float32").sum().backward()
+    assert [c[0] for c in fake.calls] == ["fwd", "bwd"]
+    q2, k2, v2 = (paddle.to_tensor(to64(x).astype(np.float32)).astype("float16") for x in (q, k, v))
+    for t in (q2, k2, v2):
+        t.stop_gradient = False
+    fake.calls.clear()
+    seam._MODULES.clear()  # reference path on the same host: no kernels available
+    seam._MODULES.update({"fwd": None, "bwd": None})
+    with pytest.warns(UserWarning, match="reference path"):
+        fa._warned_fallback.clear()
+        out2, lse2 = F.flash_attention_varlen(q2, k2, v2, *args, causal=True, return_softmax_lse=True)
+    out2.astype("float32").sum().backward()
+    assert fake.calls == []
+    np.testing.assert_array_equal(to64(out), to64(out2))
+    np.testing.assert_array_equal(lse.numpy(), lse2.numpy())
+    for g1, g2 in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        np.testing.assert_array_equal(to64(g1), to64(g2))
+
+
+def test_deterministic_flag_reaches_kernel(rng, fake, monkeypatch):
+    import paddle_dsa
+
+    monkeypatch.setattr(paddle_dsa.config, "deterministic_backward", True)
+    q, _ = make(rng, [1, 8, 2, 64], "bfloat16")
+    F.flash_attention(q, q.detach(), q.detach()).astype("float32").sum().backward()
+    assert fake.calls[-1] == ("bwd", 1234, True)
+
+
+def test_empty_token_axis_takes_reference_path(rng, fake):
+    """Tk = 0 (no keys at all) cannot be described by TMA: the call stays off the kernels, out 0, lse -inf."""
+    q, _ = make(rng, [5, 2, 64], "bfloat16")
+    k = paddle.zeros([0, 2, 64], dtype="bfloat16")
+    cu_q = paddle.to_tensor(np.array([0, 2, 5], np.int32))
+    cu_k = paddle.to_tensor(np.array([0, 0, 0], np.int32))
+    out, lse = F.flash_attention_varlen(q, k, k, cu_q, cu_k, 3, 0, return_softmax_lse=True)
+    assert fake.calls == []
+    assert (to64(out) == 0).all() and np.isneginf(lse.numpy()).all()
+    out.astype("float32").sum().backward()
+    assert (to64(q.grad) == 0).all()
+
