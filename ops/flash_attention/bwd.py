@@ -16,9 +16,14 @@ from cutlass.cute.runtime import from_dlpack, make_fake_tensor, make_fake_stream
 
 from . import supported  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
+from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 
 _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 _CACHE = {}
+
+# PADDLE_DSA_BWD_FAST=1 selects the pipelined kernel (backward_fast_sm90.py) for the non-deterministic path; read
+# once at import. Tests switch it through ``FAST`` (module attribute) or the ``fast=`` argument of flash_attn_bwd.
+FAST = os.environ.get("PADDLE_DSA_BWD_FAST", "0").strip() == "1"
 
 
 UNBOUNDED = 1 << 30  # same sentinel as ops/common/mask.py
@@ -42,9 +47,12 @@ def _fake(dtype, rank, align=16):
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
 
-def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool):
-    """Compile (once, cached) the whole backward for one static configuration; works without a GPU."""
-    key = (dtype_name, head_dim, varlen, deterministic)
+def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast: bool = False):
+    """Compile (once, cached) the whole backward for one static configuration; works without a GPU.
+
+    fast: the pipelined kernel (non-deterministic only; deterministic always uses the simple kernels)."""
+    fast = bool(fast) and not deterministic
+    key = (dtype_name, head_dim, varlen, deterministic, fast)
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
@@ -54,7 +62,10 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     F32 = cutlass.Float32
     cu = _fake(cutlass.Int32, 1, 4) if varlen else None
     cu2 = _fake(cutlass.Int32, 1, 4) if varlen else None
-    launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic)
+    if fast:
+        launcher = FlashBwdSm90Fast(dt, head_dim, varlen)
+    else:
+        launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic)
     fn = cute.compile(
         launcher,
         _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r),  # q k v out dout
@@ -94,7 +105,9 @@ def _check_tma(t, name, elem_bytes):
 
 def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_scale, causal, window,
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                   deterministic=False, alloc, stream=0):
+                   deterministic=False, alloc, stream=0, fast=None):
+    """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST); ignored when deterministic."""
+    fast = (FAST if fast is None else bool(fast)) and not deterministic
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
@@ -161,7 +174,8 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         nbatch = shapes["q"][0]
         mq, mk = Sq, Sk
     grid_m = max(1, (mq + BLOCK_M - 1) // BLOCK_M)
-    grid_n = max(1, (mk + BLOCK_N - 1) // BLOCK_N)
+    bn = BLOCK_N_FAST if fast else BLOCK_N
+    grid_n = max(1, (mk + bn - 1) // bn)
 
     # workspaces (uninitialised; the kernels write every element they read)
     lse2 = alloc(lse_shape, "float32")
@@ -169,7 +183,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     dqacc = alloc(shapes["q"], "float32")
     ws = [_conv(x, n, 16 if n == "dqacc" else 4) for x, n in ((lse2, "lse2"), (delta, "delta"), (dqacc, "dqacc"))]
 
-    fn = compile_variant(dt_name, D, varlen, bool(deterministic))
+    fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast)
     if nbatch == 0 or Sq == 0 or H == 0:
         # nothing to launch over the query side; dk/dv still need zeros
         pass

@@ -1,4 +1,5 @@
-"""Racecheck / memcheck of one small backward config (non-deterministic and deterministic, GQA 2:1, causal).
+"""Racecheck / memcheck of small backward configs (simple non-deterministic, deterministic, varlen, and the
+pipelined "fast" kernel; GQA 2:1, causal).
 
 Usage (on the GPU machine, repo root):
     compute-sanitizer --tool racecheck python tests/gpu/sanitize_bwd.py
@@ -21,6 +22,11 @@ def run_once():
     check("sanitize det", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, causal=True, deterministic=True)
     check("sanitize varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
           Tq=75, Tk=96)
+    # pipelined kernel (PADDLE_DSA_BWD_FAST=1): TMA ring, named barriers, smem dQ + bulk reduce-add
+    check("sanitize fast dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=True)
+    check("sanitize fast dense D64", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, fast=True)
+    check("sanitize fast varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
+          Tq=75, Tk=96, fast=True)
     torch.cuda.synchronize()
     print("sanitize_bwd: run ok")
 

@@ -4,7 +4,11 @@ Reference: float64 analytic gradients from the same bf16/fp16 inputs ("exact"), 
 like a flash kernel (P from the stored fp32 LSE, Delta from the stored rounded O, P and dS rounded to the input dtype
 before the matmuls that consume them, results rounded to the dtype). Gate: relRMS(kernel-exact) <= 2 x
 relRMS(floor-exact) + 1e-6. The forward input (out, lse) comes from the torch fp32 reference (out rounded to dtype).
-Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (bench table:  python tests/gpu/test_flash_bwd.py bench)
+Every test runs for both kernels of the non-deterministic path: "simple" (backward_sm90.py) and "fast" (the
+pipelined backward_fast_sm90.py, what PADDLE_DSA_BWD_FAST=1 selects); deterministic cases run once (the
+deterministic mode always uses the simple kernels).
+Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the fast kernel: add  -k fast)
+Bench table (both kernels):  python tests/gpu/test_flash_bwd.py bench
 """
 import math
 import os
@@ -20,10 +24,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import ops.flash_attention.bwd as bwd_mod  # noqa: E402
 from ops.flash_attention.bwd import flash_attn_bwd  # noqa: E402
 from reference import attention_ref, visible_mask  # noqa: E402
 
 DEV = "cuda"
+
+
+_DET_ONLY = {"test_deterministic_numerics", "test_deterministic_bitwise_100"}
+
+
+@pytest.fixture(autouse=True, params=["simple", "fast"])
+def bwd_variant(request, monkeypatch):
+    """Runs every test with the module default switched to the simple and to the fast kernel."""
+    fast = request.param == "fast"
+    if fast:
+        params = getattr(getattr(request.node, "callspec", None), "params", {})
+        if params.get("deterministic") is True or request.node.originalname in _DET_ONLY:
+            pytest.skip("deterministic mode always uses the simple kernels")
+    monkeypatch.setattr(bwd_mod, "FAST", fast)
+    return fast
 
 
 def alloc(shape, dtype):
@@ -127,20 +147,21 @@ def make_inputs(B, Sq, Sk, H, Hkv, D, dtype, *, causal, window, scale, cu_q=None
 
 
 def run_kernel(q, k, v, out, dout, lse, dlse, *, causal, window, scale, cu_q=None, cu_k=None, mq=0, mk=0,
-               deterministic=False):
+               deterministic=False, fast=None):
     dq = torch.full_like(q, float("nan"))
     dk = torch.full_like(k, float("nan"))
     dv = torch.full_like(v, float("nan"))
     flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse, softmax_scale=scale, causal=causal,
                    window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
-                   deterministic=deterministic, alloc=alloc, stream=torch.cuda.current_stream().cuda_stream)
+                   deterministic=deterministic, alloc=alloc, stream=torch.cuda.current_stream().cuda_stream,
+                   fast=fast)
     torch.cuda.synchronize()
     return dq, dk, dv
 
 
 def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, causal=False, window=(-1, -1),
           scale=None, cu_q=None, cu_k=None, Tq=None, Tk=None, dout_zero=False, with_dlse=False,
-          deterministic=False, seed=0, mag=1.0):
+          deterministic=False, seed=0, mag=1.0, fast=None):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if cu_q is not None:
         cu_q = torch.tensor(cu_q, dtype=torch.int32, device=DEV)
@@ -153,7 +174,7 @@ def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, 
         mq = int((cu_q[1:] - cu_q[:-1]).max())
         mk = int((cu_k[1:] - cu_k[:-1]).max())
     got = run_kernel(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q,
-                     cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic)
+                     cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic, fast=fast)
     ex = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k)
     fl = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k,
                  exact=False)
@@ -194,6 +215,11 @@ def test_sq_ne_sk(sq, sk, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_8to1(causal):
     check(f"GQA 8:1 causal={causal}", B=1, Sq=255, Sk=255, H=8, Hkv=1, D=128, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_4097(causal):
+    check(f"S=4097 GQA 2:1 causal={causal}", B=1, Sq=4097, Sk=4097, H=2, Hkv=1, D=128, causal=causal)
 
 
 @pytest.mark.parametrize("window,causal", [((32, 16), False), ((64, -1), True), ((-1, 0), False),
@@ -294,7 +320,7 @@ def test_through_forward_kernel():
 
 
 # ------------------------------------------------------------------------------------------------------ bench
-def bench():
+def bench(variants=("simple", "fast")):
     rows = []
     for (B, S, H, D, causal, det) in [(2, 4096, 16, 128, False, False), (2, 4096, 16, 128, True, False),
                                       (2, 4096, 16, 64, True, False), (2, 4096, 16, 128, True, True)]:
@@ -302,26 +328,28 @@ def bench():
         out = torch.randn_like(q) * 0.1
         lse = torch.full((B, H, S), 8.0, device=DEV)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-        def call():
-            flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
-                           window=(-1, -1), deterministic=det, alloc=alloc,
-                           stream=torch.cuda.current_stream().cuda_stream)
-        call()
-        torch.cuda.synchronize()
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        n = 5
-        for _ in range(n):
+        for var in (("simple",) if det else variants):
+            def call():
+                flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
+                               window=(-1, -1), deterministic=det, alloc=alloc,
+                               stream=torch.cuda.current_stream().cuda_stream, fast=(var == "fast"))
             call()
-        en.record()
-        torch.cuda.synchronize()
-        ms = st.elapsed_time(en) / n
-        flops = 10.0 * B * H * S * S * D * (0.5 if causal else 1.0)
-        rows.append(f"B{B} S{S} H{H} D{D} causal={causal} det={det}: {ms:.3f} ms  {flops / ms / 1e9:.1f} TFLOP/s")
+            torch.cuda.synchronize()
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            n = 5
+            for _ in range(n):
+                call()
+            en.record()
+            torch.cuda.synchronize()
+            ms = st.elapsed_time(en) / n
+            flops = 10.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+            rows.append(f"B{B} S{S} H{H} D{D} causal={causal} det={det} {var:6s}: {ms:.3f} ms  "
+                        f"{flops / ms / 1e9:.1f} TFLOP/s")
+            print(rows[-1], flush=True)
     print("\n".join(rows))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "bench":
-        bench()
+        bench(("fast",) if "--fast" in sys.argv else ("simple", "fast"))

@@ -1,0 +1,400 @@
+"""Flash-attention backward for sm90, "fast" variant (selected by PADDLE_DSA_BWD_FAST=1, see bwd.py).
+
+Same math, masks and numerics as backward_sm90.py (whose _preprocess / _postprocess / _zero_tail it reuses):
+fp32 Delta = rowsum(O * dO) - dlse from the stored O, P = exp2(min(S * scale * log2e - lse2, 0)) with lse2 = +inf
+for rows whose LSE is -inf (P = 0 there), masked entries set to 0, P and dS rounded to the input dtype before the
+matmuls that consume them, dK/dV summed over the query heads of a kv head (GQA), varlen segments.
+
+What differs is the schedule of ``_main_fast``:
+
+- One CTA per (key block of 128, kv head, batch/segment), 3 warpgroups (384 threads):
+  warpgroup 0 is the producer (registers lowered to 24); its warp 0 loads K and V of the block once (TMA) and
+  then streams the (Q, dO) tiles of every (query head, query block) the key block can see through a
+  ``STAGES``-deep ring (PipelineTmaAsync: full = TMA transaction bytes, empty = 8 consumer warps).
+- Warpgroups 1 and 2 (consumers, 240 registers) each own 64 of the 128 keys (their own dK, dV accumulators)
+  and run the same per-tile steps as the simple kernel on the shared (Q, dO) stage: S = Q K_w^T, dP = dO V_w^T,
+  P, dS -> own smem tiles (rounded), dV_w += P^T dO, dK_w += dS^T Q, dQ_w = dS K_w, then release the stage.
+- LSE2 / Delta: each consumer thread reads the two rows it holds straight from global memory (L2) before it waits
+  for the stage, so the loads overlap the wait and the S / dP MMAs.
+- dQ without per-element atomics: each consumer warpgroup stages its fp32 dQ_w tile (64 x D, SW128 swizzled) in
+  shared memory and issues ONE bulk tensor reduce-add (cp.reduce.async.bulk.tensor ... add.f32) per tile into the
+  fp32 accumulator. Protocol: every writer fence_proxy(async.shared, cta) -> named barrier of the warpgroup -> warp 0
+  of the warpgroup issues the TMA reduce (the atom elects its lane) and commits the bulk group -> before the buffer
+  is written again, that warp waits (bulk_wait_group 0, read) and the warpgroup passes a named barrier; the
+  warp waits for full completion before the CTA exits.
+  Rows of a tile past the segment end carry dS = 0 exactly (P = 0 there), so a tile that overlaps the next
+  varlen segment adds exact zeros to it; rows past the tensor end are clipped by the TMA unit.
+- Per-element masking only on tiles that need it (ops/common/mask.py block_needs_mask, plus rows past the
+  segment end); the visible-everywhere tiles take the unmasked path.
+
+The deterministic mode keeps the simple kernels (backward_sm90.py).
+
+Status: compiles for sm_90a (bf16/fp16, D 64/128, dense/varlen); NOT yet run on the H200 (unverified).
+"""
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Major
+from cutlass.memory import SmemAllocator
+
+from ..common import mask as mask_lib
+from ..common.softmax import acc_mn_view
+from .backward_sm90 import FlashBwdSm90, LOG2E, _tma_part, _transpose
+
+BLOCK_M_FAST = 64    # query rows per tile
+BLOCK_N_FAST = 128   # key rows per CTA (64 per consumer warpgroup)
+NTHREADS_FAST = 384  # producer warpgroup + 2 consumer warpgroups
+STAGES = 2
+
+
+def _t3(t):
+    """(rows, cols, stages) -> (cols, rows, stages) view."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0, 2]))
+
+
+class FlashBwdSm90Fast(FlashBwdSm90):
+    """Pipelined backward (non-deterministic only) for one static configuration (dtype, head_dim, varlen)."""
+
+    def __init__(self, dtype, head_dim: int, varlen: bool):
+        super().__init__(dtype, head_dim, varlen, False)
+        self.bm = BLOCK_M_FAST
+        self.bn = BLOCK_N_FAST
+        self.bnw = BLOCK_N_FAST // 2
+        self.stages = STAGES
+        # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators
+        self.dqn = min(head_dim, 64)
+        self.nsplit = head_dim // self.dqn
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                 mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
+                 mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                 scale: Float32, has_dlse: Int32, win_left: Int32, win_right: Int32,
+                 nbatch: Int32, grid_m: Int32, grid_n: Int32, stream):
+        dt = self.dtype
+        D = self.D
+        bm, bn, bnw = self.bm, self.bn, self.bnw
+        q4, k4, v4, o4, do4 = [self._to4(t) for t in (mQ, mK, mV, mO, mdO)]
+        dq4, dk4, dv4, dqacc4 = [self._to4(t) for t in (mdQ, mdK, mdV, mdQacc)]
+        lse3, dlse3, lse23, delta3 = [self._to3(t) for t in (mLSE, mdLSE, mLSE2, mDelta)]
+        B4 = q4.shape[0]
+        Sq4 = q4.shape[1]
+        Sk4 = k4.shape[1]
+        H = q4.shape[2]
+        Hkv = k4.shape[2]
+        qhead_per_kv = H // Hkv
+
+        atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
+        l_q = cute.tile_to_shape(atom_d, (bm, D, self.stages), order=(0, 1, 2))
+        l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
+        l_p = cute.tile_to_shape(atom_d, (bm, bnw, 2), order=(0, 1, 2))
+        atom_f = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, Float32)
+        l_dq = cute.tile_to_shape(atom_f, (bm, D, 2), order=(0, 1, 2))
+
+        mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
+                                              tiler_mn=(64, bnw))
+        mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.MN, Major.MN, Float32, (1, 1, 1),
+                                              tiler_mn=(64, D))
+        mma_dq = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
+                                             tiler_mn=(64, self.dqn))
+
+        def sdhb(t):
+            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+        G2S = cpasync.CopyBulkTensorTileG2SOp
+        l_q1 = cute.slice_(l_q, (None, None, 0))
+        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), sdhb(q4), l_q1, (bm, D))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), sdhb(do4), l_q1, (bm, D))
+        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), sdhb(k4), l_k, (bn, D))
+        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), sdhb(v4), l_k, (bn, D))
+        tma_dq, gdq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD), sdhb(dqacc4),
+            cute.slice_(l_dq, (None, None, 0)), (bm, D))
+
+        scale_log2 = scale * Float32(LOG2E)
+
+        nrow_blk_q = (Sq4 + 127) // 128
+        self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
+            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+
+        self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
+                        mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
+                        mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p, l_dq).launch(
+            grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+        self._postprocess(dqacc4, dq4, scale).launch(
+            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+
+        if cutlass.const_expr(self.varlen):
+            nrow_blk_k = (Sk4 + 127) // 128
+            self._zero_tail(dk4, dv4, mCuK).launch(
+                grid=(nrow_blk_k, Hkv, 1), block=(128, 1, 1), stream=stream)
+
+    # ------------------------------------------------------------ helpers
+    @cute.jit
+    def _wg_sync(self, cwg: Int32):
+        """Named barrier of one consumer warpgroup (ids 1, 2; id 0 is __syncthreads)."""
+        if cwg == 0:
+            cute.arch.barrier(barrier_id=1, number_of_threads=128)
+        else:
+            cute.arch.barrier(barrier_id=2, number_of_threads=128)
+
+    @cute.jit
+    def _p_ds_fast(self, s_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor,
+                   dl_r: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
+                   need_mask):
+        """s_mn <- P, dp_mn <- dS (fp32) on a thread's (2 rows x cols) views; masks only when need_mask."""
+        if need_mask:
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                i = i0 + c_mn[r, 0][0]
+                lse2 = lse_r[r]
+                dl = dl_r[r]
+                lo = i + off - win_left
+                hi = cutlass.min(i + off + win_right, slen_k - 1)
+                row_ok = i < slen_q
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    j = j0 + c_mn[r, c][1]
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    p = cute.math.exp2(arg, fastmath=True)
+                    ok = row_ok & (j >= lo) & (j <= hi)
+                    p = cutlass.select_(ok, p, Float32(0.0))
+                    s_mn[r, c] = p
+                    dp_mn[r, c] = p * (dp_mn[r, c] - dl)
+        else:
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                lse2 = lse_r[r]
+                dl = dl_r[r]
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    p = cute.math.exp2(arg, fastmath=True)
+                    s_mn[r, c] = p
+                    dp_mn[r, c] = p * (dp_mn[r, c] - dl)
+
+    # --------------------------------------------------------------- main
+    @cute.kernel
+    def _main_fast(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
+                   tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
+                   tma_dq: cute.CopyAtom, gdq: cute.Tensor,
+                   mLSE2: cute.Tensor, mDelta: cute.Tensor,
+                   mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                   Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
+                   win_left: Int32, win_right: Int32,
+                   mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+                   l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout,
+                   l_dq: cute.ComposedLayout):
+        dt = self.dtype
+        D = self.D
+        bm, bn, bnw = self.bm, self.bn, self.bnw
+        dqn, nsplit = self.dqn, self.nsplit
+        stages = self.stages
+        tid, _, _ = cute.arch.thread_idx()
+        nb, hkv, b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wgi = warp // 4
+
+        smem = SmemAllocator()
+        sdQ = smem.allocate_tensor(Float32, l_dq.outer, 1024, l_dq.inner)
+        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        bars = smem.allocate_array(Int64, 2 * stages + 1, byte_alignment=8)
+        bar_kv = bars + 2 * stages
+
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=bars, num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            tx_count=2 * bm * D * (dt.width // 8), defer_sync=True)
+        if tid == 0:
+            cute.arch.mbarrier_init(bar_kv, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        bb, off_q, slen_q = self._seg(mCuQ, b, Sq)
+        _, off_k, slen_k = self._seg(mCuK, b, Sk)
+        n0 = nb * bn
+
+        if n0 < slen_k:
+            off = slen_k - slen_q
+            # query rows that can see some key of [n0, n0 + bn)
+            i_lo = cutlass.max(n0 - off - win_right, Int32(0))
+            i_hi = cutlass.min(n0 + bn - 1 - off + win_left, slen_q - 1)
+            m_min = i_lo // bm
+            m_max = (cutlass.max(i_hi + 1, Int32(0)) + bm - 1) // bm
+            nm = cutlass.max(m_max - m_min, Int32(0))
+            n_iter = nm * qhead_per_kv
+
+            if wgi == 0:
+                # ------------------------------------------------ producer
+                cute.arch.setmaxregister_decrease(24)
+                if warp == 0:
+                    cpasync.prefetch_descriptor(tma_q)
+                    cpasync.prefetch_descriptor(tma_do)
+                    gK_t = cute.local_tile(cute.domain_offset((off_k, 0), gk[None, None, hkv, bb]), (bn, D), (nb, 0))
+                    gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
+                    tsK, tgK = _tma_part(tma_k, sK, gK_t)
+                    tsV, tgV = _tma_part(tma_v, sV, gV_t)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                    cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
+                    cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
+                    st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                    for it in cutlass.range(n_iter, unroll=1):
+                        hq = hkv * qhead_per_kv + it // nm
+                        m = m_min + it % nm
+                        gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (m, 0))
+                        gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D),
+                                                (m, 0))
+                        tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
+                        tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
+                        pipe.producer_acquire(st)
+                        cute.copy(tma_q, tgQ, tsQ[None, st.index], tma_bar_ptr=pipe.producer_get_barrier(st))
+                        cute.copy(tma_do, tgdO, tsdO[None, st.index], tma_bar_ptr=pipe.producer_get_barrier(st))
+                        st.advance()
+            else:
+                # ------------------------------------------------ consumers
+                cute.arch.setmaxregister_increase(240)
+                cwg = wgi - 1
+                ctid = tid - 128 * wgi
+                wwarp = warp % 4
+                jw0 = n0 + cwg * bnw  # first key of this warpgroup
+
+                sKw = cute.local_tile(sK, (bnw, D), (cwg, 0))
+                sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
+                sPw = sP[None, None, cwg]
+                sdSw = sdS[None, None, cwg]
+                sdQw = sdQ[None, None, cwg]
+
+                thr_sdp = mma_sdp.get_slice(ctid)
+                thr_dkv = mma_dkv.get_slice(ctid)
+                thr_dq = mma_dq.get_slice(ctid)
+                tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+                tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sKw))
+                tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+                tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sVw))
+                tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
+                tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
+                tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sdSw)))
+                tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
+                tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdSw))
+                sKwt = _transpose(sKw)
+                tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
+                         for h in range(nsplit)]
+                tQsdQ = [thr_dq.partition_C(cute.local_tile(sdQw, (bm, dqn), (0, h))) for h in range(nsplit)]
+
+                tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
+                tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
+                tPsP = thr_sdp.partition_C(sPw)
+                tPsdS = thr_sdp.partition_C(sdSw)
+                c_mn = acc_mn_view(tScS)
+
+                acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
+                acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
+                acc_dK = cute.make_rmem_tensor(tKVc.shape, Float32)
+                acc_dV = cute.make_rmem_tensor(tKVc.shape, Float32)
+                acc_dQ = cute.make_rmem_tensor(tQsdQ[0].shape, Float32)
+                rP = cute.make_rmem_tensor(tScS.shape, dt)
+                rdS = cute.make_rmem_tensor(tScS.shape, dt)
+                lse_r = cute.make_rmem_tensor((2,), Float32)
+                dl_r = cute.make_rmem_tensor((2,), Float32)
+                acc_dK.fill(0.0)
+                acc_dV.fill(0.0)
+                mma_sdp.set(wg.Field.ACCUMULATE, True)
+                mma_dkv.set(wg.Field.ACCUMULATE, True)
+                mma_dq.set(wg.Field.ACCUMULATE, True)
+
+                cute.arch.mbarrier_wait(bar_kv, 0)
+                st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+                for it in cutlass.range(n_iter, unroll=1):
+                    hq = hkv * qhead_per_kv + it // nm
+                    m = m_min + it % nm
+                    i0 = m * bm
+                    # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
+                    for r in cutlass.range_constexpr(2):
+                        row = i0 + c_mn[r, 0][0]
+                        l2 = Float32.inf
+                        dl = Float32(0.0)
+                        if row < slen_q:
+                            l2 = mLSE2[bb, hq, off_q + row]
+                            dl = mDelta[bb, hq, off_q + row]
+                        lse_r[r] = l2
+                        dl_r[r] = dl
+                    need_mask = mask_lib.block_needs_mask(i0, bm, jw0, bnw, slen_q, slen_k, win_left, win_right,
+                                                          True)
+                    need_mask = need_mask or (i0 + bm > slen_q)
+
+                    pipe.consumer_wait(st)
+                    acc_S.fill(0.0)
+                    acc_dP.fill(0.0)
+                    wg.fence()
+                    for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                        cute.gemm(mma_sdp, acc_S, tSrQ[None, None, kb, st.index], tSrK[None, None, kb], acc_S)
+                    for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
+                        cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb, st.index], tPrV[None, None, kb], acc_dP)
+                    wg.commit_group()
+                    wg.wait_group(0)
+
+                    self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
+                                    slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
+                    rP.store(acc_S.load().to(dt))
+                    rdS.store(acc_dP.load().to(dt))
+                    cute.autovec_copy(rP, tPsP)
+                    cute.autovec_copy(rdS, tPsdS)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    if wwarp == 0:
+                        # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    self._wg_sync(cwg)
+
+                    # groups: [dQ chunk 0], [dV, dK]; then each further dQ chunk after the previous one is staged
+                    acc_dQ.fill(0.0)
+                    wg.fence()
+                    for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                        cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[0][None, None, kb], acc_dQ)
+                    wg.commit_group()
+                    for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
+                        cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index], acc_dV)
+                    for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
+                        cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, st.index], acc_dK)
+                    wg.commit_group()
+                    wg.wait_group(1)
+                    # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
+                    cute.autovec_copy(acc_dQ, tQsdQ[0])
+                    for h in cutlass.range_constexpr(1, nsplit):
+                        acc_dQ.fill(0.0)
+                        wg.fence()
+                        for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[h][None, None, kb], acc_dQ)
+                        wg.commit_group()
+                        wg.wait_group(0)
+                        cute.autovec_copy(acc_dQ, tQsdQ[h])
+                    wg.wait_group(0)
+                    pipe.consumer_release(st)
+                    st.advance()
+
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    self._wg_sync(cwg)
+                    if wwarp == 0:
+                        gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]), (bm, D),
+                                                (m, 0))
+                        tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
+                        cute.copy(tma_dq, tsdQ, tgdQ)
+                        cute.arch.cp_async_bulk_commit_group()
+
+                if wwarp == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+                # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
+                for e in cutlass.range_constexpr(cute.size(acc_dK)):
+                    r, c = tKVc[e]
+                    j = jw0 + r
+                    if j < slen_k:
+                        mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(dt)
+                        mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(dt)
