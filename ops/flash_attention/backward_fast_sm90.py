@@ -101,6 +101,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                               tiler_mn=(64, D))
         mma_dq = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
                                              tiler_mn=(64, self.dqn))
+        # same MMAs fixed to overwrite (first k-block of S, dP, dQ): no register zeroing between wgmma groups
+        mma_sdp_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
+                                                tiler_mn=(64, bnw))
+        mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
+                                               tiler_mn=(64, self.dqn))
 
         def sdhb(t):
             return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -123,7 +128,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
         self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
                         mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
-                        mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p, l_dq).launch(
+                        mma_sdp, mma_dkv, mma_dq, mma_sdp_z, mma_dq_z, l_q, l_k, l_p, l_dq).launch(
             grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
 
         self._postprocess(dqacc4, dq4, scale).launch(
@@ -184,6 +189,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                    Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
                    win_left: Int32, win_right: Int32,
                    mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+                   mma_sdp_z: cute.TiledMma, mma_dq_z: cute.TiledMma,
                    l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout,
                    l_dq: cute.ComposedLayout):
         dt = self.dtype
@@ -309,6 +315,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 mma_sdp.set(wg.Field.ACCUMULATE, True)
                 mma_dkv.set(wg.Field.ACCUMULATE, True)
                 mma_dq.set(wg.Field.ACCUMULATE, True)
+                mma_sdp_z.set(wg.Field.ACCUMULATE, False)
+                mma_dq_z.set(wg.Field.ACCUMULATE, False)
 
                 cute.arch.mbarrier_wait(bar_kv, 0)
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
@@ -331,13 +339,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     need_mask = need_mask or (i0 + bm > slen_q)
 
                     pipe.consumer_wait(st)
-                    acc_S.fill(0.0)
-                    acc_dP.fill(0.0)
                     wg.fence()
                     for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                        cute.gemm(mma_sdp, acc_S, tSrQ[None, None, kb, st.index], tSrK[None, None, kb], acc_S)
+                        cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrQ[None, None, kb, st.index],
+                                  tSrK[None, None, kb], acc_S)
                     for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
-                        cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb, st.index], tPrV[None, None, kb], acc_dP)
+                        cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrdO[None, None, kb, st.index],
+                                  tPrV[None, None, kb], acc_dP)
                     wg.commit_group()
                     wg.wait_group(0)
 
@@ -354,10 +362,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     self._wg_sync(cwg)
 
                     # groups: [dQ chunk 0], [dV, dK]; then each further dQ chunk after the previous one is staged
-                    acc_dQ.fill(0.0)
                     wg.fence()
                     for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                        cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[0][None, None, kb], acc_dQ)
+                        cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS[None, None, kb],
+                                  tQrKt[0][None, None, kb], acc_dQ)
                     wg.commit_group()
                     for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
                         cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index], acc_dV)
@@ -368,10 +376,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
                     cute.autovec_copy(acc_dQ, tQsdQ[0])
                     for h in cutlass.range_constexpr(1, nsplit):
-                        acc_dQ.fill(0.0)
                         wg.fence()
                         for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[h][None, None, kb], acc_dQ)
+                            cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS[None, None, kb],
+                                      tQrKt[h][None, None, kb], acc_dQ)
                         wg.commit_group()
                         wg.wait_group(0)
                         cute.autovec_copy(acc_dQ, tQsdQ[h])

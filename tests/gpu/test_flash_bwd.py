@@ -8,7 +8,7 @@ Every test runs for both kernels of the non-deterministic path: "simple" (backwa
 pipelined backward_fast_sm90.py, what PADDLE_DSA_BWD_FAST=1 selects); deterministic cases run once (the
 deterministic mode always uses the simple kernels).
 Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the fast kernel: add  -k fast)
-Bench table (both kernels):  python tests/gpu/test_flash_bwd.py bench
+Bench table (both kernels):  python tests/gpu/test_flash_bwd.py bench      (quick check: ... smoke)
 """
 import math
 import os
@@ -350,6 +350,18 @@ def bench(variants=("simple", "fast")):
     print("\n".join(rows))
 
 
+def smoke():
+    """One small and one multi-tile case per kernel, printed as they go (first thing to run on a new kernel)."""
+    for fast in (False, True):
+        check(f"smoke fast={fast} D64 causal", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=64, causal=True, fast=fast)
+        check(f"smoke fast={fast} D128 GQA", B=2, Sq=1000, Sk=777, H=4, Hkv=2, D=128, fast=fast)
+        check(f"smoke fast={fast} varlen", H=4, Hkv=2, D=128, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
+              cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345, fast=fast)
+    print("smoke ok", flush=True)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "smoke":
+        smoke()
     if len(sys.argv) > 1 and sys.argv[1] == "bench":
         bench(("fast",) if "--fast" in sys.argv else ("simple", "fast"))
