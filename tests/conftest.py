@@ -11,7 +11,8 @@ import pytest
 
 @pytest.fixture
 def rng(request):
-    seed = int.from_bytes(os.urandom(4), "little")
+    # Fresh inputs each run; PADDLE_DSA_TEST_SEED=N replays a reported failure.
+    seed = int(os.environ.get("PADDLE_DSA_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     request.node.user_properties.append(("seed", seed))
     gen = np.random.default_rng(seed)
     return gen

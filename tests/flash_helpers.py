@@ -5,7 +5,9 @@ import paddle
 import attention_ref as R
 
 # Absolute slack added to the 2x floor gate: fp32 accumulation inside the reference path.
-EPS = {"bfloat16": 2e-6, "float16": 2e-6, "float32": 5e-6, "float64": 1e-12}
+# float32 inputs: the floor has no rounding of its own, so the slack carries the fp32 cancellation in
+# dP - Delta (up to ~1e-5 relative on rows whose softmax is a single key).
+EPS = {"bfloat16": 2e-6, "float16": 2e-6, "float32": 1e-4, "float64": 1e-12}
 
 
 def make(rng, shape, dtype, scale=1.0, requires_grad=True):
@@ -54,19 +56,21 @@ def assert_lse(got, exact):
     assert (np.abs(got[~dead] - exact[~dead]) <= tol).all(), f"softmax_lse: max err {np.abs(got[~dead] - exact[~dead]).max():.3e}"
 
 
-def dense_reference(q64, k64, v64, dout64, dlse64, scale, causal, window, dtype=None):
+def dense_reference(q64, k64, v64, dout64, dlse64, scale, causal, window, stored_out64=None):
     """Batched float64 reference in the public layout: out [B,Sq,H,D], lse [B,H,Sq], grads.
 
-    With dtype, the gradients are the floor ones: Delta from the output rounded to dtype (as stored)."""
+    With stored_out64 (the output the op under test stored), the gradients are the floor of its backward:
+    an fp32 backward (attention_ref.backward, fp32=True) given that stored output. The forward is gated
+    on its own (out vs exact), so the backward is judged on the inputs it actually receives."""
     outs, lses, dqs, dks, dvs = [], [], [], [], []
     for b in range(q64.shape[0]):
         o, l = R.forward(q64[b], k64[b], v64[b], scale, causal, window)
         outs.append(o)
         lses.append(l)
         if dout64 is not None:
-            stored = None if dtype is None else round_to(o, dtype)
+            floor = stored_out64 is not None
             dq, dk, dv = R.backward(q64[b], k64[b], v64[b], dout64[b], None if dlse64 is None else dlse64[b],
-                                    scale, causal, window, stored_out=stored)
+                                    scale, causal, window, stored_out=stored_out64[b] if floor else None, fp32=floor)
             dqs.append(dq)
             dks.append(dk)
             dvs.append(dv)
@@ -88,5 +92,5 @@ def check_dense(dtype, q, k, v, out, lse, q64, k64, v64, dout64, dlse64, scale, 
     assert_close("out", to64(out), exact[0], dtype)
     assert_lse(lse.numpy(), exact[1])
     if grads:
-        floor = dense_reference(q64, k64, v64, dout64, dlse64, scale, causal, window, dtype=dtype)
+        floor = dense_reference(q64, k64, v64, dout64, dlse64, scale, causal, window, stored_out64=to64(out))
         assert_grads((q.grad, k.grad, v.grad), exact[2:], floor[2:], dtype)

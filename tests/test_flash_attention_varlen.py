@@ -8,7 +8,7 @@ import pytest
 import attention_ref as R
 from paddle_dsa.nn import functional as F
 
-from flash_helpers import assert_close, assert_grads, assert_lse, make, round_to, to64
+from flash_helpers import assert_close, assert_grads, assert_lse, make, to64
 
 # (q segment lengths, k segment lengths, extra q rows past cu_seqlens_q[-1], extra k rows)
 CASES = [
@@ -22,7 +22,8 @@ def _cu(lens):
     return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
 
 
-def _reference(q64, k64, v64, dout64, dlse64, cu_q, cu_k, scale, causal, window, stored_dtype=None):
+def _reference(q64, k64, v64, dout64, dlse64, cu_q, cu_k, scale, causal, window, stored_out64=None):
+    """Exact float64 results; with stored_out64 (the op's output) the gradients are the floor of its backward."""
     tq, h, d = q64.shape
     out = np.zeros_like(q64)
     lse = np.full((h, tq), -np.inf)
@@ -33,9 +34,9 @@ def _reference(q64, k64, v64, dout64, dlse64, cu_q, cu_k, scale, causal, window,
             continue
         o, l = R.forward(q64[qa:qb], k64[ka:kb], v64[ka:kb], scale, causal, window)
         out[qa:qb], lse[:, qa:qb] = o, l
-        stored = None if stored_dtype is None else round_to(o, stored_dtype)
+        floor = stored_out64 is not None
         gq, gk, gv = R.backward(q64[qa:qb], k64[ka:kb], v64[ka:kb], dout64[qa:qb], dlse64[:, qa:qb], scale, causal,
-                                window, stored_out=stored)
+                                window, stored_out=stored_out64[qa:qb] if floor else None, fp32=floor)
         dq[qa:qb], dk[ka:kb], dv[ka:kb] = gq, gk, gv
     return out, lse, dq, dk, dv
 
@@ -61,7 +62,7 @@ def test_varlen_matches_float64(rng, case, causal, window, dtype):
     loss.backward()
     scale = 1 / math.sqrt(d)
     exact = _reference(q64, k64, v64, dout64, gl, cu_q, cu_k, scale, causal, window)
-    floor = _reference(q64, k64, v64, dout64, gl, cu_q, cu_k, scale, causal, window, stored_dtype=dtype)
+    floor = _reference(q64, k64, v64, dout64, gl, cu_q, cu_k, scale, causal, window, stored_out64=to64(out))
     assert_close("out", to64(out), exact[0], dtype)
     assert_lse(lse.numpy(), exact[1])
     assert_grads((q.grad, k.grad, v.grad), exact[2:], floor[2:], dtype)
