@@ -57,15 +57,19 @@ def _t3(t):
 class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward (non-deterministic only) for one static configuration (dtype, head_dim, varlen)."""
 
-    def __init__(self, dtype, head_dim: int, varlen: bool):
+    def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False):
         super().__init__(dtype, head_dim, varlen, False)
+        # dq_cols (D = 128 only): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
+        # over all 128 keys and bulk-reduces its column half (half the reduce traffic of the per-warpgroup
+        # partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
+        self.dq_cols = bool(dq_cols) and head_dim == 128
         self.bm = BLOCK_M_FAST
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
         self.stages = STAGES
         # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators
         self.dqn = min(head_dim, 64)
-        self.nsplit = head_dim // self.dqn
+        self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -93,7 +97,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
         l_p = cute.tile_to_shape(atom_d, (bm, bnw, 2), order=(0, 1, 2))
         atom_f = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, Float32)
-        l_dq = cute.tile_to_shape(atom_f, (bm, D, 2), order=(0, 1, 2))
+        if cutlass.const_expr(self.dq_cols):
+            l_dq = cute.tile_to_shape(atom_f, (bm, D), order=(0, 1))           # one tile, column halves per WG
+            l_dq_tma = cute.tile_to_shape(atom_f, (bm, D // 2), order=(0, 1))
+            dq_box = (bm, D // 2)
+        else:
+            l_dq = cute.tile_to_shape(atom_f, (bm, D, 2), order=(0, 1, 2))     # one tile per WG
+            l_dq_tma = cute.slice_(l_dq, (None, None, 0))
+            dq_box = (bm, D)
 
         mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
                                               tiler_mn=(64, bnw))
@@ -118,7 +129,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), sdhb(v4), l_k, (bn, D))
         tma_dq, gdq = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD), sdhb(dqacc4),
-            cute.slice_(l_dq, (None, None, 0)), (bm, D))
+            l_dq_tma, dq_box)
 
         scale_log2 = scale * Float32(LOG2E)
 
@@ -147,6 +158,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.arch.barrier(barrier_id=1, number_of_threads=128)
         else:
             cute.arch.barrier(barrier_id=2, number_of_threads=128)
+
+    def _pair_sync(self):
+        """Named barrier of both consumer warpgroups (256 threads, id 3)."""
+        cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
     @cute.jit
     def _p_ds_fast(self, s_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor,
@@ -276,7 +291,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
                 sPw = sP[None, None, cwg]
                 sdSw = sdS[None, None, cwg]
-                sdQw = sdQ[None, None, cwg]
+                if cutlass.const_expr(self.dq_cols):
+                    sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
+                    # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
+                    l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
+                                              (bm, bn), order=(0, 1))
+                    sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
+                else:
+                    sdQw = sdQ[None, None, cwg]
 
                 thr_sdp = mma_sdp.get_slice(ctid)
                 thr_dkv = mma_dkv.get_slice(ctid)
@@ -289,10 +311,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
                 tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sdSw)))
                 tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
-                tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdSw))
-                sKwt = _transpose(sKw)
-                tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
-                         for h in range(nsplit)]
+                if cutlass.const_expr(self.dq_cols):
+                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS_all))
+                    tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(
+                        cute.local_tile(_transpose(sK), (dqn, bn), (cwg, 0))))]
+                else:
+                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdSw))
+                    sKwt = _transpose(sKw)
+                    tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
+                             for h in range(nsplit)]
                 tQsdQ = [thr_dq.partition_C(cute.local_tile(sdQw, (bm, dqn), (0, h))) for h in range(nsplit)]
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
@@ -359,7 +386,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    self._wg_sync(cwg)
+                    if cutlass.const_expr(self.dq_cols):
+                        self._pair_sync()  # both dS halves written (dQ reads the whole dS tile)
+                    else:
+                        self._wg_sync(cwg)
 
                     # groups: [dQ chunk 0], [dV, dK]; then each further dQ chunk after the previous one is staged
                     wg.fence()
@@ -384,14 +414,20 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         wg.wait_group(0)
                         cute.autovec_copy(acc_dQ, tQsdQ[h])
                     wg.wait_group(0)
+                    if cutlass.const_expr(self.dq_cols):
+                        self._pair_sync()  # both warpgroups' dQ MMAs are done with this dS tile
                     pipe.consumer_release(st)
                     st.advance()
 
                     cute.arch.fence_proxy("async.shared", space="cta")
                     self._wg_sync(cwg)
                     if wwarp == 0:
-                        gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]), (bm, D),
-                                                (m, 0))
+                        if cutlass.const_expr(self.dq_cols):
+                            gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]),
+                                                    (bm, D // 2), (m, cwg))
+                        else:
+                            gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]),
+                                                    (bm, D), (m, 0))
                         tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
                         cute.copy(tma_dq, tsdQ, tgdQ)
                         cute.arch.cp_async_bulk_commit_group()

@@ -21,9 +21,19 @@ from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 _CACHE = {}
 
-# PADDLE_DSA_BWD_FAST=1 selects the pipelined kernel (backward_fast_sm90.py) for the non-deterministic path; read
-# once at import. Tests switch it through ``FAST`` (module attribute) or the ``fast=`` argument of flash_attn_bwd.
-FAST = os.environ.get("PADDLE_DSA_BWD_FAST", "0").strip() == "1"
+# PADDLE_DSA_BWD_FAST selects the kernel of the non-deterministic path; read once at import:
+#   0 (default): the verified simple kernels (backward_sm90.py)
+#   1: the pipelined kernel (backward_fast_sm90.py), each consumer warpgroup bulk-reduces its own dQ partial
+#   2: as 1, and for D = 128 the two warpgroups split dQ by columns over all 128 keys (half the reduce traffic)
+# Tests switch it through ``FAST`` (module attribute) or the ``fast=`` argument of flash_attn_bwd.
+def _fast_mode(v):
+    v = int(v) if v not in (None, "") else 0
+    if v not in (0, 1, 2):
+        raise ValueError(f"PADDLE_DSA_BWD_FAST / fast must be 0, 1 or 2, got {v}")
+    return v
+
+
+FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "0").strip())
 
 
 UNBOUNDED = 1 << 30  # same sentinel as ops/common/mask.py
@@ -47,11 +57,14 @@ def _fake(dtype, rank, align=16):
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
 
-def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast: bool = False):
+def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0):
     """Compile (once, cached) the whole backward for one static configuration; works without a GPU.
 
-    fast: the pipelined kernel (non-deterministic only; deterministic always uses the simple kernels)."""
-    fast = bool(fast) and not deterministic
+    fast: 0/False simple kernels, 1/True pipelined kernel, 2 pipelined with column-split dQ (D = 128; same as 1
+    otherwise). Deterministic always uses the simple kernels."""
+    fast = 0 if deterministic else _fast_mode(int(fast))
+    if fast == 2 and head_dim != 128:
+        fast = 1
     key = (dtype_name, head_dim, varlen, deterministic, fast)
     fn = _CACHE.get(key)
     if fn is not None:
@@ -63,7 +76,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     cu = _fake(cutlass.Int32, 1, 4) if varlen else None
     cu2 = _fake(cutlass.Int32, 1, 4) if varlen else None
     if fast:
-        launcher = FlashBwdSm90Fast(dt, head_dim, varlen)
+        launcher = FlashBwdSm90Fast(dt, head_dim, varlen, dq_cols=(fast == 2))
     else:
         launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic)
     fn = cute.compile(
@@ -106,8 +119,8 @@ def _check_tma(t, name, elem_bytes):
 def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_scale, causal, window,
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
                    deterministic=False, alloc, stream=0, fast=None):
-    """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST); ignored when deterministic."""
-    fast = (FAST if fast is None else bool(fast)) and not deterministic
+    """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST: 0, 1, 2); ignored when deterministic."""
+    fast = 0 if deterministic else _fast_mode(FAST if fast is None else int(fast))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")

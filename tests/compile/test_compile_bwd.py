@@ -1,7 +1,7 @@
 """CPU CI: compile every backward variant the seam (ops/flash_attention/bwd.py) can choose, for sm_90a.
 
 Static configurations: dtype x head_dim x varlen x deterministic (masks, GQA ratio, dlse and scale are runtime
-values), plus the pipelined non-deterministic kernel (PADDLE_DSA_BWD_FAST=1, backward_fast_sm90.py).
+values), plus the pipelined non-deterministic kernels (PADDLE_DSA_BWD_FAST=1 and 2, backward_fast_sm90.py).
 Uses fake tensors (no GPU needed)."""
 import os
 import sys
@@ -29,5 +29,15 @@ def test_compile_bwd(dtype, head_dim, varlen, deterministic):
 @pytest.mark.parametrize("head_dim", list(supported.HEAD_DIMS))
 @pytest.mark.parametrize("dtype", list(supported.DTYPES))
 def test_compile_bwd_fast(dtype, head_dim, varlen):
-    fn = bwd.compile_variant(dtype, head_dim, varlen, False, fast=True)
+    fn = bwd.compile_variant(dtype, head_dim, varlen, False, fast=1)
+    assert fn is not None
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("dtype", list(supported.DTYPES))
+def test_compile_bwd_fast2(dtype, varlen):
+    """PADDLE_DSA_BWD_FAST=2: column-split dQ, a distinct kernel for D = 128 only (D = 64 maps to mode 1)."""
+    if 128 not in supported.HEAD_DIMS:
+        pytest.skip("D = 128 not supported")
+    fn = bwd.compile_variant(dtype, 128, varlen, False, fast=2)
     assert fn is not None

@@ -25,6 +25,7 @@ def run_once():
     # pipelined kernel (PADDLE_DSA_BWD_FAST=1): TMA ring, named barriers, smem dQ + bulk reduce-add
     check("sanitize fast dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=True)
     check("sanitize fast dense D64", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, fast=True)
+    check("sanitize fast2 dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=2)
     check("sanitize fast varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
           Tq=75, Tk=96, fast=True)
     torch.cuda.synchronize()

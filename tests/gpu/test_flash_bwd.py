@@ -4,11 +4,11 @@ Reference: float64 analytic gradients from the same bf16/fp16 inputs ("exact"), 
 like a flash kernel (P from the stored fp32 LSE, Delta from the stored rounded O, P and dS rounded to the input dtype
 before the matmuls that consume them, results rounded to the dtype). Gate: relRMS(kernel-exact) <= 2 x
 relRMS(floor-exact) + 1e-6. The forward input (out, lse) comes from the torch fp32 reference (out rounded to dtype).
-Every test runs for both kernels of the non-deterministic path: "simple" (backward_sm90.py) and "fast" (the
-pipelined backward_fast_sm90.py, what PADDLE_DSA_BWD_FAST=1 selects); deterministic cases run once (the
-deterministic mode always uses the simple kernels).
-Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the fast kernel: add  -k fast)
-Bench table (both kernels):  python tests/gpu/test_flash_bwd.py bench      (quick check: ... smoke)
+Every test runs for each kernel of the non-deterministic path: "simple" (backward_sm90.py, PADDLE_DSA_BWD_FAST=0),
+"fast" (the pipelined backward_fast_sm90.py, PADDLE_DSA_BWD_FAST=1) and "fast2" (the same with column-split dQ for
+D = 128, PADDLE_DSA_BWD_FAST=2); deterministic cases run once (the deterministic mode always uses the simple kernels).
+Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the pipelined kernels: add  -k fast)
+Bench table (all kernels):  python tests/gpu/test_flash_bwd.py bench      (quick check: ... smoke)
 """
 import math
 import os
@@ -34,10 +34,13 @@ DEV = "cuda"
 _DET_ONLY = {"test_deterministic_numerics", "test_deterministic_bitwise_100"}
 
 
-@pytest.fixture(autouse=True, params=["simple", "fast"])
+_VARIANTS = {"simple": 0, "fast": 1, "fast2": 2}
+
+
+@pytest.fixture(autouse=True, params=list(_VARIANTS))
 def bwd_variant(request, monkeypatch):
-    """Runs every test with the module default switched to the simple and to the fast kernel."""
-    fast = request.param == "fast"
+    """Runs every test with the module default switched to each kernel of the non-deterministic path."""
+    fast = _VARIANTS[request.param]
     if fast:
         params = getattr(getattr(request.node, "callspec", None), "params", {})
         if params.get("deterministic") is True or request.node.originalname in _DET_ONLY:
@@ -320,7 +323,7 @@ def test_through_forward_kernel():
 
 
 # ------------------------------------------------------------------------------------------------------ bench
-def bench(variants=("simple", "fast")):
+def bench(variants=("simple", "fast", "fast2")):
     rows = []
     for (B, S, H, D, causal, det) in [(2, 4096, 16, 128, False, False), (2, 4096, 16, 128, True, False),
                                       (2, 4096, 16, 64, True, False), (2, 4096, 16, 128, True, True)]:
@@ -332,7 +335,7 @@ def bench(variants=("simple", "fast")):
             def call():
                 flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
                                window=(-1, -1), deterministic=det, alloc=alloc,
-                               stream=torch.cuda.current_stream().cuda_stream, fast=(var == "fast"))
+                               stream=torch.cuda.current_stream().cuda_stream, fast=_VARIANTS[var])
             call()
             torch.cuda.synchronize()
             st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -352,7 +355,7 @@ def bench(variants=("simple", "fast")):
 
 def smoke():
     """One small and one multi-tile case per kernel, printed as they go (first thing to run on a new kernel)."""
-    for fast in (False, True):
+    for fast in (0, 1, 2):
         check(f"smoke fast={fast} D64 causal", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=64, causal=True, fast=fast)
         check(f"smoke fast={fast} D128 GQA", B=2, Sq=1000, Sk=777, H=4, Hkv=2, D=128, fast=fast)
         check(f"smoke fast={fast} varlen", H=4, Hkv=2, D=128, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
@@ -364,4 +367,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "smoke":
         smoke()
     if len(sys.argv) > 1 and sys.argv[1] == "bench":
-        bench(("fast",) if "--fast" in sys.argv else ("simple", "fast"))
+        bench(("fast", "fast2") if "--fast" in sys.argv else ("simple", "fast", "fast2"))
