@@ -1,35 +1,41 @@
-"""Flash-attention backward for sm90, "fast" variant (selected by PADDLE_DSA_BWD_FAST=1, see bwd.py).
+"""Flash-attention backward for sm90, pipelined variant (PADDLE_DSA_BWD_FAST=1 or 2, see bwd.py).
 
-Same math, masks and numerics as backward_sm90.py (whose _preprocess / _postprocess / _zero_tail it reuses):
-fp32 Delta = rowsum(O * dO) - dlse from the stored O, P = exp2(min(S * scale * log2e - lse2, 0)) with lse2 = +inf
-for rows whose LSE is -inf (P = 0 there), masked entries set to 0, P and dS rounded to the input dtype before the
-matmuls that consume them, dK/dV summed over the query heads of a kv head (GQA), varlen segments.
+Same math, masks and numerics as backward_sm90.py: fp32 Delta = rowsum(O * dO) - dlse from the stored O,
+P = exp2(min(S * scale * log2e - lse2, 0)) with lse2 = +inf for rows whose LSE is -inf (P = 0 there), masked
+entries set to 0 (ops/common/mask.py semantics), P and dS rounded to the input dtype before the matmuls that
+consume them, dK/dV summed over the query heads of a kv head (GQA), varlen segments, every output written.
+_zero_tail is reused from backward_sm90.py; pre/postprocess compute the same values with a warp per row.
 
-What differs is the schedule of ``_main_fast``:
+Schedule of ``_main_fast``:
 
 - One CTA per (key block of 128, kv head, batch/segment), 3 warpgroups (384 threads):
   warpgroup 0 is the producer (registers lowered to 24); its warp 0 loads K and V of the block once (TMA) and
-  then streams the (Q, dO) tiles of every (query head, query block) the key block can see through a
-  ``STAGES``-deep ring (PipelineTmaAsync: full = TMA transaction bytes, empty = 8 consumer warps).
-- Warpgroups 1 and 2 (consumers, 240 registers) each own 64 of the 128 keys (their own dK, dV accumulators)
-  and run the same per-tile steps as the simple kernel on the shared (Q, dO) stage: S = Q K_w^T, dP = dO V_w^T,
-  P, dS -> own smem tiles (rounded), dV_w += P^T dO, dK_w += dS^T Q, dQ_w = dS K_w, then release the stage.
-- LSE2 / Delta: each consumer thread reads the two rows it holds straight from global memory (L2) before it waits
-  for the stage, so the loads overlap the wait and the S / dP MMAs.
-- dQ without per-element atomics: each consumer warpgroup stages its fp32 dQ_w tile (64 x D, SW128 swizzled) in
-  shared memory and issues ONE bulk tensor reduce-add (cp.reduce.async.bulk.tensor ... add.f32) per tile into the
-  fp32 accumulator. Protocol: every writer fence_proxy(async.shared, cta) -> named barrier of the warpgroup -> warp 0
-  of the warpgroup issues the TMA reduce (the atom elects its lane) and commits the bulk group -> before the buffer
-  is written again, that warp waits (bulk_wait_group 0, read) and the warpgroup passes a named barrier; the
-  warp waits for full completion before the CTA exits.
-  Rows of a tile past the segment end carry dS = 0 exactly (P = 0 there), so a tile that overlaps the next
-  varlen segment adds exact zeros to it; rows past the tensor end are clipped by the TMA unit.
-- Per-element masking only on tiles that need it (ops/common/mask.py block_needs_mask, plus rows past the
-  segment end); the visible-everywhere tiles take the unmasked path.
+  then streams the (Q, dO) tiles (64 x D each) of every (query head, query block) the key block can see through
+  a ``STAGES``-deep ring (PipelineTmaAsync: full = TMA transaction bytes, empty = 8 consumer warps).
+- Warpgroups 1 and 2 (consumers, 240 registers) each own 64 of the 128 keys (their own dK, dV accumulators):
+  S = Q K_w^T, dP = dO V_w^T (one wgmma group), P and dS -> own smem tiles (rounded), then the groups
+  [dQ chunk 0] and [dV += P^T dO, dK += dS^T Q]; the stage is released after both are retired.
+- LSE2 / Delta: each consumer thread reads its two rows straight from global memory (L2) before it waits for
+  the stage (the loads overlap the wait).
+- dQ without per-element atomics: the fp32 dQ tile is staged in shared memory (SW128 swizzle) and added to the
+  fp32 accumulator by a bulk tensor reduce (cp.reduce.async.bulk.tensor add.f32; one per 32-column box):
+    mode 1 (dq_cols=False): each warpgroup computes its partial dQ_w = dS_w K_w (64 x D, in 64-column chunks
+      to cap live registers) and reduces its own 64 x D tile;
+    mode 2 (dq_cols=True, D = 128): dQ = dS (64 x 128 keys) K, warpgroup w computes columns [64w, 64w + 64) over
+      all 128 keys and reduces that half: half the reduce traffic, two 256-thread named barriers per tile
+      (both dS halves written before the dQ MMA; both dQ MMAs retired before dS is rewritten).
+  Protocol per warpgroup: every writer fence_proxy(async.shared, cta) -> named barrier -> warp 0 issues the TMA
+  reduce (from the whole converged warp: the atom elects its lane) and commits the bulk group; before the buffer
+  is written again that warp waits (bulk_wait_group 0, read) ahead of a named barrier; it waits for full
+  completion before the CTA exits. Rows of a tile past the segment end carry dS = 0 exactly (P = 0 there), so a
+  tile overlapping the next varlen segment adds exact zeros to it; rows past the tensor end are clipped by TMA.
+- Per-element masking only on tiles that need it (mask.block_needs_mask, plus rows past the segment end).
 
 The deterministic mode keeps the simple kernels (backward_sm90.py).
 
-Status: compiles for sm_90a (bf16/fp16, D 64/128, dense/varlen); NOT yet run on the H200 (unverified).
+Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
+launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted
+swizzled smem addresses, reloaded per tile; D=64 no spills). NOT yet run on the H200: unverified.
 """
 import cutlass
 import cutlass.cute as cute
@@ -134,7 +140,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         scale_log2 = scale * Float32(LOG2E)
 
         nrow_blk_q = (Sq4 + 127) // 128
-        self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
+        self._preprocess_fast(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
             grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
 
         self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
@@ -142,13 +148,58 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         mma_sdp, mma_dkv, mma_dq, mma_sdp_z, mma_dq_z, l_q, l_k, l_p, l_dq).launch(
             grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
 
-        self._postprocess(dqacc4, dq4, scale).launch(
+        self._postprocess_fast(dqacc4, dq4, scale).launch(
             grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
 
         if cutlass.const_expr(self.varlen):
             nrow_blk_k = (Sk4 + 127) // 128
             self._zero_tail(dk4, dv4, mCuK).launch(
                 grid=(nrow_blk_k, Hkv, 1), block=(128, 1, 1), stream=stream)
+
+    # ------------------------------------------- pre/postprocess, warp per row
+    # Same values as backward_sm90's _preprocess/_postprocess, but a warp walks one row at a time with lane l
+    # on columns l, l + 32, ... (coalesced), Delta's row sum finished by a butterfly over the warp.
+    @cute.kernel
+    def _preprocess_fast(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                         mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, has_dlse: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        lane = tid % 32
+        w = tid // 32
+        S = mO.shape[1]
+        for k in cutlass.range(32, unroll=4):
+            row = bx * 128 + k * 4 + w
+            if row < S:
+                acc = Float32(0.0)
+                for d in cutlass.range_constexpr(self.D // 32):
+                    c = lane + 32 * d
+                    acc += Float32(mO[b, row, h, c]) * Float32(mdO[b, row, h, c])
+                    mdQacc[b, row, h, c] = Float32(0.0)
+                for sh in cutlass.range_constexpr(5):
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=16 >> sh)
+                if lane == 0:
+                    if has_dlse != 0:
+                        acc = acc - mdLSE[b, h, row]
+                    lse = mLSE[b, h, row]
+                    lse2 = lse * Float32(LOG2E)
+                    if lse == -Float32.inf:
+                        lse2 = Float32.inf
+                    mLSE2[b, h, row] = lse2
+                    mDelta[b, h, row] = acc
+
+    @cute.kernel
+    def _postprocess_fast(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, scale: Float32):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        lane = tid % 32
+        w = tid // 32
+        S = mdQ.shape[1]
+        for k in cutlass.range(32, unroll=4):
+            row = bx * 128 + k * 4 + w
+            if row < S:
+                for d in cutlass.range_constexpr(self.D // 32):
+                    c = lane + 32 * d
+                    mdQ[b, row, h, c] = (mdQacc[b, row, h, c] * scale).to(self.dtype)
 
     # ------------------------------------------------------------ helpers
     @cute.jit
