@@ -353,18 +353,34 @@ def bench(variants=("simple", "fast", "fast2")):
     print("\n".join(rows))
 
 
-def smoke():
-    """One small and one multi-tile case per kernel, printed as they go (first thing to run on a new kernel)."""
-    for fast in (0, 1, 2):
-        check(f"smoke fast={fast} D64 causal", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=64, causal=True, fast=fast)
-        check(f"smoke fast={fast} D128 GQA", B=2, Sq=1000, Sk=777, H=4, Hkv=2, D=128, fast=fast)
-        check(f"smoke fast={fast} varlen", H=4, Hkv=2, D=128, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
-              cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345, fast=fast)
-    print("smoke ok", flush=True)
+def smoke(modes=(0, 1, 2)):
+    """Small and multi-tile cases per kernel mode (0 simple, 1 fast, 2 fast2), each printed PASS/FAIL as it goes;
+    exits 1 if any failed. First thing to run on a new kernel (wrap in `timeout`: a hang cannot be caught here)."""
+    cases = [
+        ("D64 causal Sq!=Sk GQA", dict(B=1, Sq=200, Sk=300, H=2, Hkv=1, D=64, causal=True)),
+        ("D128 GQA multi-tile", dict(B=2, Sq=1000, Sk=777, H=4, Hkv=2, D=128)),
+        ("D128 causal dlse", dict(B=1, Sq=700, Sk=700, H=2, Hkv=2, D=128, causal=True, with_dlse=True)),
+        ("D128 window fp16", dict(B=1, Sq=300, Sk=257, H=2, Hkv=2, D=128, dtype=torch.float16, window=(64, 7))),
+        ("varlen D128 causal", dict(H=4, Hkv=2, D=128, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
+                                    cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345)),
+        ("varlen D64", dict(H=2, Hkv=1, D=64, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90], Tq=75, Tk=96)),
+    ]
+    bad = 0
+    for fast in modes:
+        for name, kw in cases:
+            try:
+                check(f"smoke mode={fast} {name}", fast=fast, **kw)
+                print(f"PASS mode={fast} {name}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                bad += 1
+                print(f"FAIL mode={fast} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    print("smoke ok" if bad == 0 else f"smoke: {bad} failed", flush=True)
+    if bad:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "smoke":
-        smoke()
+        smoke(tuple(int(a) for a in sys.argv[2:]) or (0, 1, 2))
     if len(sys.argv) > 1 and sys.argv[1] == "bench":
         bench(("fast", "fast2") if "--fast" in sys.argv else ("simple", "fast", "fast2"))
