@@ -326,7 +326,8 @@ def test_through_forward_kernel():
 def bench(variants=("simple", "fast", "fast2")):
     rows = []
     for (B, S, H, D, causal, det) in [(2, 4096, 16, 128, False, False), (2, 4096, 16, 128, True, False),
-                                      (2, 4096, 16, 64, True, False), (2, 4096, 16, 128, True, True)]:
+                                      (2, 4096, 16, 64, True, False), (2, 4096, 16, 128, True, True),
+                                      (2, 8192, 16, 128, False, False), (2, 8192, 16, 128, True, False)]:
         q, k, v, dout = [torch.randn(B, S, H, D, device=DEV, dtype=torch.bfloat16) for _ in range(4)]
         out = torch.randn_like(q) * 0.1
         lse = torch.full((B, H, S), 8.0, device=DEV)
