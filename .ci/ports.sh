@@ -56,7 +56,7 @@ ensure_editable() {  # make the venv's paddle_dsa this checkout
   local venv=$1 log=$2 where
   where=$(cd /tmp && "$venv/bin/python" -c 'import importlib.util as u; s = u.find_spec("paddle_dsa"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)
   if [ "$where" != "$ROOT/paddle_dsa" ]; then
-    (cd "$ROOT" && "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .) >>"$log" 2>&1
+    (cd "$ROOT" && "$venv/bin/python" -m pip install -q --no-deps -e .) >>"$log" 2>&1
   fi
 }
 
