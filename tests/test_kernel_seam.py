@@ -6,6 +6,7 @@ workspaces, and calls ops.flash_attention.{fwd,bwd} with the seam's keyword sign
 read their inputs back through DLPack, compute with the reference path and write the outputs through
 DLPack, so any mix-up of argument order, shapes, lse layout or output aliasing shows up as a wrong number.
 """
+import ctypes
 import importlib
 import inspect
 import math
@@ -29,9 +30,29 @@ def _in(x):
     return None if x is None else paddle.utils.dlpack.from_dlpack(x.__dlpack__())
 
 
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
 def _write(dst, src):
-    dst = _in(dst)
-    paddle.assign(src.astype(dst.dtype), output=dst)
+    """Write src into the memory behind the DLPack export dst, as a kernel would (raw pointer, no copy).
+
+    Paddle's from_dlpack may copy on some releases, so the write goes through the DLTensor's pointer."""
+    capsule = dst.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    shape = [t.shape[i] for i in range(t.ndim)]
+    assert shape == list(src.shape), (shape, list(src.shape))
+    if t.strides:
+        strides = [t.strides[i] for i in range(t.ndim)]
+        assert strides == list(np.cumprod([1] + shape[::-1])[:-1][::-1]), "outputs must be compact"
+    dtype = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32"}[(t.code, t.bits)]
+    data = np.ascontiguousarray(src.astype(dtype).numpy())  # bf16 comes back as uint16 bits
+    ctypes.memmove(t.data + t.byte_offset, data.ctypes.data, data.nbytes)
 
 
 class FakeKernels:
@@ -55,7 +76,7 @@ class FakeKernels:
                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, deterministic=False,
                        alloc, stream=0):
         self.calls.append(("bwd", stream, deterministic))
-        ws = alloc((3, 5), "float32")  # a workspace must come back as a writable DLPack export
+        ws = alloc((3, 5), "float32")  # a workspace must come back as a DLPack export of that shape
         _write(ws, paddle.zeros([3, 5]))
         args = [_in(x) for x in (q, k, v, out, dout, lse)]
         if cu_seqlens_q is None:
