@@ -15,6 +15,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.runtime import from_dlpack, make_fake_tensor, make_fake_stream  # noqa: E402
 
 from . import supported  # noqa: E402
+from ..common.mask import effective_window  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 
@@ -37,21 +38,6 @@ def _fast_mode(v):
 
 
 FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
-
-
-UNBOUNDED = 1 << 30  # same sentinel as ops/common/mask.py
-
-
-def _window_bounds(causal, window):
-    """(left, right) int bounds: -1/None -> UNBOUNDED, causal intersects with right = 0."""
-    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
-    if left < -1 or right < -1:
-        raise ValueError(f"window=({left}, {right}): each side must be -1 (unbounded) or >= 0")
-    left_eff = UNBOUNDED if left < 0 else left
-    right_eff = UNBOUNDED if right < 0 else right
-    if causal:
-        right_eff = 0
-    return left_eff, right_eff
 
 
 def _fake(dtype, rank, align=16):
@@ -173,7 +159,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     else:
         dlse_t = lse_t
 
-    left, right = _window_bounds(causal, window)
+    _, left, right = effective_window(causal, window)
     Sq, Sk = shapes["q"][-3], shapes["k"][-3]
     if varlen:
         cu_q = _conv(cu_seqlens_q, "cu_seqlens_q", 4)
