@@ -1,13 +1,33 @@
-"""Flash-attention benchmark on the H200: TFLOP/s of ours vs torch SDPA (FLASH_ATTENTION and CUDNN_ATTENTION).
+"""Flash-attention benchmark on the H200: forward and backward TFLOP/s of ours against torch SDPA's
+FLASH_ATTENTION and CUDNN_ATTENTION backends and FlashAttention-4, all measured in the same run.
 
-Forward part: B=2 H=16 S in {1k, 4k, 8k}, head_dim 64/128, causal and not, bf16.
-FLOPs: 4 * B * H * Sq * Sk * D (two matmuls), halved for causal (Sq == Sk). Timing: CUDA events, median of
-``--iters`` runs after warm-up. Run: python bench/flash_attention.py --fwd
+Shapes: bf16, H = 16 heads, B * S = 16k tokens (B = 16384 // S: B = 2 at S = 8k, the issue's figures), S in
+{1k, 2k, 4k, 8k, 16k}, head_dim 64 and 128, causal and not.
+FLOPs: forward 4 * B * H * Sq * Sk * D (two matmuls), halved for causal; backward counted as 2.5x the forward.
+Timing: device time of one call (median of ``--iters``), CUDA events around each call. Before the timed calls a
+GPU spin (torch.cuda._sleep) holds the stream while the host queues all of them, so the host cost of a call (our
+seam's DLPack marshalling, autograd) is not in the figure; a row where the host still could not keep ahead is
+flagged "host-bound" in the notes and the CSV.
+Peers: SDPA through F.scaled_dot_product_attention under sdpa_kernel(backend) (backward: autograd.grad on a
+retained graph, so only the backward kernels run); FA4 through flash_attn.cute.interface.flash_attn_func if it is
+importable (pack it with ../shared/device/pack.sh, see /work/shared/device/README.md), otherwise its column is
+skipped with a note. Ours: the seam functions ops.flash_attention.fwd.flash_attn_fwd / bwd.flash_attn_bwd on
+torch tensors allocated once per shape (the backward gets out/lse from our forward; default backward mode).
+
+Run:  python bench/flash_attention.py                 # forward and backward table, CSV to $OUT (or /tmp/gpu_out)
+      python bench/flash_attention.py --fwd | --bwd   # one direction only
+      python bench/flash_attention.py --quick         # S = 8k only
+      python bench/flash_attention.py --csv PATH --no-fa4 --iters 10
+      python bench/flash_attention.py --host          # host cost of one forward seam call (cProfile)
+Plot:  python bench/plot_performance.py CSV -o SVG
 """
 import argparse
+import csv
+import datetime
 import math
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -19,63 +39,206 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 
+IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "fa4")
+LABELS = {"ours": "ours", "sdpa_flash": "SDPA-FA2", "sdpa_cudnn": "cuDNN", "fa4": "FA4"}
+CSV_FIELDS = ("pass", "head_dim", "causal", "batch", "heads", "seqlen", "impl", "ms", "tflops", "host_bound", "note")
 
-def timeit(fn, iters):
-    for _ in range(3):
-        fn()
+
+# ------------------------------------------------------------------------------------------------ timing
+def device_time(fn, iters, warmup=2):
+    """Median device seconds of one ``fn()`` and whether the host fell behind the GPU while queueing.
+
+    The first call compiles / plans and is not timed; ``warmup`` more calls estimate the host cost per call, which
+    sizes the GPU spin that keeps the stream busy while the timed calls are queued."""
+    fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    host = (time.perf_counter() - t0) / max(1, warmup)
+    torch.cuda.synchronize()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    gate = torch.cuda.Event()
+    spin_s = min(0.5, 2.0 * host * iters + 2e-3)
+    torch.cuda._sleep(int(spin_s * 2.0e9))  # cycles; ~2 GHz SM clock (a lower clock only spins longer)
+    gate.record()
+    for a, b in evs:
         a.record()
         fn()
         b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2] * 1e-3
+    host_bound = bool(gate.query())  # the spin ended before the host had queued every call
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) for a, b in evs)
+    return ts[len(ts) // 2] * 1e-3, host_bound
 
 
-def bench_fwd(iters, quick=False):
-    B, H = 2, 16
-    rows = []
-    for D in (64, 128):
-        for causal in (False, True):
-            for S in ((8192,) if quick else (1024, 4096, 8192)):
-                q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                out = torch.empty_like(q)
-                lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-                scale = 1.0 / math.sqrt(D)
-                stream = torch.cuda.current_stream().cuda_stream
-                flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-                res = {}
-                res["ours"] = timeit(lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=causal,
-                                                            window=(-1, -1), stream=stream), iters)
-                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    try:
-                        with sdpa_kernel(be):
-                            res[name] = timeit(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                                                      scale=scale), iters)
-                    except Exception as e:  # backend unavailable
-                        res[name] = None
-                        print(f"# {name} D={D} causal={causal} S={S}: {type(e).__name__}: {str(e)[:100]}")
-                tf = {n: (flops / t / 1e12 if t else float("nan")) for n, t in res.items()}
-                rows.append((D, causal, S, tf["ours"], tf["sdpa_flash"], tf["sdpa_cudnn"]))
-                print(f"D={D:3d} causal={int(causal)} S={S:5d}  ours {tf['ours']:7.1f}  sdpa_flash "
-                      f"{tf['sdpa_flash']:7.1f}  sdpa_cudnn {tf['sdpa_cudnn']:7.1f}  TFLOP/s", flush=True)
-                del q, k, v, out, lse
-    print("\nforward bf16 B=2 H=16, TFLOP/s")
-    print(f"{'D':>3} {'causal':>6} {'S':>5} | {'ours':>7} {'flash':>7} {'cudnn':>7} | ours/flash")
-    for D, c, S, o, fl, cu in rows:
-        print(f"{D:3d} {int(c):6d} {S:5d} | {o:7.1f} {fl:7.1f} {cu:7.1f} | {o / fl if fl == fl and fl else float('nan'):.2f}")
+def _ws_alloc():
+    """Workspace allocator for our backward: one buffer per (shape, dtype), reused across calls."""
+    cache = {}
+    dts = {"float32": torch.float32, "int32": torch.int32}
+
+    def alloc(shape, dtype):
+        key = (tuple(int(s) for s in shape), dtype)
+        if key not in cache:
+            cache[key] = torch.empty(key[0], dtype=dts[dtype], device="cuda")
+        return cache[key]
+    return alloc
 
 
+def load_fa4():
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+        try:
+            from importlib.metadata import version
+            ver = version("flash-attn-4")
+        except Exception:  # noqa: BLE001
+            ver = "?"
+        return flash_attn_func, ver, None
+    except Exception as e:  # noqa: BLE001
+        return None, None, f"{type(e).__name__}: {str(e)[:160]}"
+
+
+# ------------------------------------------------------------------------------------------------ one shape
+def bench_shape(D, causal, B, H, S, passes, iters, fa4):
+    """Returns {pass: {impl: (seconds or None, host_bound, note)}} for one shape."""
+    dt = torch.bfloat16
+    scale = 1.0 / math.sqrt(D)
+    stream = torch.cuda.current_stream().cuda_stream
+    gen = torch.Generator(device="cuda").manual_seed(S + D + int(causal))
+    q, k, v, dout = (torch.randn(B, S, H, D, device="cuda", dtype=dt, generator=gen) for _ in range(4))
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))  # BHSD views for SDPA
+    res = {p: {} for p in passes}
+
+    def run(p, impl, make):
+        """make() builds the timed callable (and runs whatever set-up it needs, e.g. a forward with grad)."""
+        try:
+            t, hb = device_time(make(), iters)
+            res[p][impl] = (t, hb, "host-bound" if hb else "")
+        except Exception as e:  # noqa: BLE001  (backend unavailable for this shape, compile error, ...)
+            res[p][impl] = (None, False, f"{type(e).__name__}: {str(e)[:120]}".replace("\n", " "))
+
+    def ours_fwd():
+        return lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=causal, window=(-1, -1),
+                                      stream=stream)
+
+    if "fwd" in passes:
+        run("fwd", "ours", ours_fwd)
+        for impl, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            with sdpa_kernel(be), torch.no_grad():
+                run("fwd", impl, lambda: (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                                  scale=scale)))
+        if fa4 is not None:
+            with torch.no_grad():
+                run("fwd", "fa4", lambda: (lambda: fa4(q, k, v, softmax_scale=scale, causal=causal)))
+
+    if "bwd" in passes:
+        from ops.flash_attention.bwd import flash_attn_bwd
+        alloc = _ws_alloc()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def ours_bwd():
+            flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=causal, window=(-1, -1), stream=stream)
+            return lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale, causal=causal,
+                                          window=(-1, -1), alloc=alloc, stream=stream)
+        run("bwd", "ours", ours_bwd)
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        for impl, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def sdpa_bwd():
+                with sdpa_kernel(be):
+                    o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                                       is_causal=causal, scale=scale)
+                return lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
+            run("bwd", impl, sdpa_bwd)
+        if fa4 is not None:
+            def fa4_bwd():
+                o = fa4(qg, kg, vg, softmax_scale=scale, causal=causal)
+                o = o[0] if isinstance(o, (tuple, list)) else o
+                return lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)
+            run("bwd", "fa4", fa4_bwd)
+        del qg, kg, vg, dq, dk, dv
+    del q, k, v, dout, out, lse
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ table
+def _fmt(x, w=7, p=1):
+    return f"{x:{w}.{p}f}" if x is not None and x == x else f"{'-':>{w}}"
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b is not None and b > 0 and a == a and b == b else None
+
+
+def header(impls):
+    cols = " ".join(f"{LABELS[i]:>8}" for i in impls)
+    rats = " ".join(f"{'/' + LABELS[i]:>9}" for i in impls if i != "ours")
+    return f"{'pass':4} {'D':>3} {'causal':>6} {'B':>3} {'S':>6} | {cols} | {rats} | notes"
+
+
+def row_text(p, D, causal, B, S, tf, notes, impls):
+    cols = " ".join(_fmt(tf.get(i), 8) for i in impls)
+    rats = " ".join(_fmt(_ratio(tf.get("ours"), tf.get(i)), 9, 2) for i in impls if i != "ours")
+    return f"{p:4} {D:3d} {int(causal):6d} {B:3d} {S:6d} | {cols} | {rats} | {notes}"
+
+
+def main(a):
+    t_start = time.time()
+    passes = [p for p in ("fwd", "bwd") if (p == "fwd" and not a.bwd) or (p == "bwd" and not a.fwd)]
+    seqlens = [8192] if a.quick else [int(s) for s in a.seqlens.split(",")]
+    fa4, fa4_ver, fa4_err = (None, None, "disabled (--no-fa4)") if a.no_fa4 else load_fa4()
+    impls = [i for i in IMPLS if i != "fa4" or fa4 is not None]
+    out_dir = os.environ.get("OUT") or "/tmp/gpu_out"
+    csv_path = a.csv or os.path.join(out_dir, "bench_flash_attention.csv")
+    os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  {torch.cuda.get_device_name()}  torch {torch.__version__}"
+          f"  cuDNN {torch.backends.cudnn.version()}", flush=True)
+    print(f"# bf16 H={a.heads} B*S={a.tokens} tokens, TFLOP/s (fwd 4BHSSD, causal halved; bwd 2.5x fwd), device time,"
+          f" median of {a.iters}", flush=True)
+    print("# FA4: " + (f"flash-attn-4 {fa4_ver}" if fa4 is not None else f"column skipped ({fa4_err})"), flush=True)
+    print(header(impls), flush=True)
+
+    rows = []   # (pass, D, causal, B, S, {impl: tflops}, notes)
+    with open(csv_path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_FIELDS)
+        for D in (64, 128):
+            for causal in (False, True):
+                for S in seqlens:
+                    B = max(1, a.tokens // S)
+                    res = bench_shape(D, causal, B, a.heads, S, passes, a.iters, fa4)
+                    for p in passes:
+                        flops = 4.0 * B * a.heads * S * S * D * (0.5 if causal else 1.0) * (2.5 if p == "bwd" else 1.0)
+                        tf, notes = {}, []
+                        for impl in impls:
+                            t, hb, note = res[p].get(impl, (None, False, "not run"))
+                            tf[impl] = flops / t / 1e12 if t else None
+                            if note:
+                                notes.append(f"{LABELS[impl]}: {note[:70]}")
+                            w.writerow((p, D, int(causal), B, a.heads, S, impl,
+                                        f"{t * 1e3:.4f}" if t else "", f"{tf[impl]:.2f}" if t else "",
+                                        int(hb), note))
+                        fh.flush()
+                        rows.append((p, D, causal, B, S, tf, "; ".join(notes)))
+                        print(row_text(*rows[-1], impls), flush=True)
+                    torch.cuda.empty_cache()
+
+    print(f"\n# table (sorted by pass), {time.time() - t_start:.0f} s in all; CSV: {csv_path}")
+    print(header(impls))
+    for r in sorted(rows, key=lambda r: (r[0] != "fwd", r[1], r[2], r[4])):
+        print(row_text(*r, impls))
+    if fa4 is None:
+        print(f"# FA4 column skipped: {fa4_err}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ host cost
 def profile_host(n=300):
     """Host cost of one seam call (no sync): wall time per call and the top cProfile entries."""
     import cProfile
     import pstats
-    import time
     q, k, v = (torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
     lse = torch.empty(2, 16, 1024, device="cuda", dtype=torch.float32)
@@ -99,14 +262,25 @@ def profile_host(n=300):
     pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fwd", action="store_true", default=True)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--fwd", action="store_true", help="forward only")
+    g.add_argument("--bwd", action="store_true", help="backward only")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="S=8k only")
-    a = ap.parse_args()
-    if a.host:
+    ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--tokens", type=int, default=16384, help="B * S")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--csv", default=None, help="CSV path (default $OUT/bench_flash_attention.csv)")
+    ap.add_argument("--no-fa4", action="store_true", help="leave FlashAttention-4 out")
+    ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    if args.host:
         profile_host()
     else:
-        bench_fwd(a.iters, quick=a.quick)
+        main(args)

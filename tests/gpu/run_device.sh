@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # The one script a device call runs:  source .device/prelude.sh && bash tests/gpu/run_device.sh
 # 1) pytest on every tests/gpu/test_*.py (junit per file), 2) compute-sanitizer racecheck + memcheck on every
-# tests/gpu/sanitize_*.py, 3) optional forward benchmark (RUN_BENCH=1), 4) a short summary table.
-# Logs go to $OUT (or /tmp/gpu_out when OUT is unset).
+# tests/gpu/sanitize_*.py, 3) optional benchmark (RUN_BENCH=1): bench/flash_attention.py, forward and backward vs
+# SDPA FLASH/cuDNN and FlashAttention-4 when it is packed (.device/whl), CSV + SVG plot to $OUT, 4) a short summary.
+# Logs go to $OUT (or /tmp/gpu_out when OUT is unset); a test may write $OUT/<test file>.table, printed after it.
+# Knobs: GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
+# skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
+# BENCH_TIMEOUT bound each step (seconds).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_out}"
+export OUT
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1
 
 declare -a ROWS
-for t in tests/gpu/test_*.py; do
+TESTS="${GPU_TESTS:-$(ls tests/gpu/test_*.py)}"
+[ "$TESTS" = "none" ] && TESTS=""
+for t in $TESTS; do
   name=$(basename "$t" .py)
   start=$(date +%s)
+  rm -f "$OUT/$name.table"
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$t" --junitxml="$OUT/$name.xml" \
     > "$OUT/$name.log" 2>&1
   rc=$?
@@ -21,11 +29,14 @@ for t in tests/gpu/test_*.py; do
   summ=$(tail -1 "$OUT/$name.log")
   ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$secs" "$summ")")
   grep -E "^(FAILED|ERROR)" "$OUT/$name.log" | head -40
+  [ -f "$OUT/$name.table" ] && cat "$OUT/$name.table"   # rows a test chose to report (e.g. test_seed001's rel L2)
 done
 
 SAN=compute-sanitizer
 command -v $SAN >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
-for s in tests/gpu/sanitize_*.py; do
+SANS="$(ls tests/gpu/sanitize_*.py)"
+[ "${RUN_SANITIZE:-1}" = "1" ] || SANS=""
+for s in $SANS; do
   name=$(basename "$s" .py)
   for tool in racecheck memcheck; do
     start=$(date +%s)
@@ -38,9 +49,23 @@ for s in tests/gpu/sanitize_*.py; do
 done
 
 if [ "${RUN_BENCH:-0}" = "1" ] && [ -f bench/flash_attention.py ]; then
-  timeout "${BENCH_TIMEOUT:-200}" python3 bench/flash_attention.py --fwd > "$OUT/bench.log" 2>&1
-  ROWS+=("$(printf '%-28s rc=%-3s' bench $?)")
-  cat "$OUT/bench.log" | tail -40
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench/flash_attention.py ${BENCH_ARGS:-} \
+    --csv "$OUT/bench_flash_attention.csv" > "$OUT/bench.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' bench "$rc" "$secs" "$(grep -m1 '^# FA4' "$OUT/bench.log")")")
+  if grep -q '^# table' "$OUT/bench.log"; then
+    sed -n '/^# table/,$p' "$OUT/bench.log"
+  else
+    tail -60 "$OUT/bench.log"
+  fi
+  if [ -s "$OUT/bench_flash_attention.csv" ]; then
+    python3 bench/plot_performance.py "$OUT/bench_flash_attention.csv" -o "$OUT/bench_flash_attention.svg" \
+      --title "Flash attention on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), bf16, $(date -u +%F)"
+    ROWS+=("$(printf '%-28s rc=%-3s' plot $?)")
+  fi
 fi
 
 echo
