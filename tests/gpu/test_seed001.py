@@ -9,6 +9,8 @@ non-causal); the two agree to 0.2%. Here, per case:
   - rel L2 (= relRMS) of out against the float64 reference from the same bf16 inputs is at most MARGIN (1.10) x the
     rel L2 of the fp32 "floor" path on the same inputs (fp32 softmax with the unnormalised P rounded to bf16 before
     P @ V and the output rounded to bf16: the eager flash computation, the analogue of the seed's eager column);
+  - and at most the seed's own figure for that K scale (its eager column, 5.3e-3 .. 1.39e-2; the issue's literal bar;
+    on the CPU, S=8192 D=128 one head, this floor measures 1.7e-3 at K*8 .. 9.5e-4 at K*64, output rounding dominating);
   - |lse - exact| within reference.lse_tol.
 Backward at K*32 (non-causal and causal, default backward mode): out/lse from our forward, dq/dk/dv poisoned with NaN,
 all finite, each relRMS vs float64 <= 2 x the fp32 floor (P and dS rounded to bf16, the stored out/lse), as
@@ -37,7 +39,7 @@ DEV = "cuda"
 BF16 = torch.bfloat16
 B, S, H, D = 2, 8192, 32, 128
 KSCALES = (8, 16, 24, 32, 48, 64)
-# the seed's "eager (reference)" column (rel L2 vs fp32 on MI355X, non-causal): printed beside ours, not gated
+# the seed's "eager (reference)" column (rel L2 vs fp32 on MI355X, non-causal): an upper bound for both mask modes
 SEED_EAGER = {8: 5.298e-3, 16: 7.159e-3, 24: 8.637e-3, 32: 9.903e-3, 48: 1.205e-2, 64: 1.390e-2}
 MARGIN = 1.10
 HEAD_CHUNK = 8
@@ -176,11 +178,12 @@ def test_seed001_forward_full_size(kscale, causal):
     e_k, e_f = rel_rms(out, ex_o), rel_rms(fl_o, ex_o)
     lse_err = float((lse.double() - ex_l).abs().max())
     tol = lse_tol(q, k, scale)
-    seed = f" (seed's eager {SEED_EAGER[kscale]:.3e})" if not causal else ""
+    seed = f" (seed's eager {SEED_EAGER[kscale]:.3e})"
     report(f"[seed001] K*{kscale:<2d} causal={int(causal)}: rel L2 kernel {e_k:.3e}  floor {e_f:.3e}  "
           f"ratio {e_k / max(e_f, 1e-30):.3f}{seed}  |lse err| {lse_err:.2e} (tol {tol:.2e})")
     assert lse_err <= tol, f"lse error {lse_err:.3e} > {tol:.3e}"
     assert e_k <= MARGIN * e_f, f"rel L2 {e_k:.3e} > {MARGIN} x fp32 floor {e_f:.3e}"
+    assert e_k <= SEED_EAGER[kscale], f"rel L2 {e_k:.3e} above the seed's figure {SEED_EAGER[kscale]:.3e}"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
