@@ -23,7 +23,10 @@ PACKAGES = {
     "paddle_dsa.ports.paddle_3_3": "ports/paddle_3_3",
 }
 
-KERNELS = ["nvidia-cutlass-dsl[cu13]==4.8.1"]
+# The CuTe DSL compiles the kernels at first use; its CUDA 13 libraries come with the `cu13` extra
+# (the default wheel set targets CUDA 12 drivers).
+DSL = "nvidia-cutlass-dsl==4.8.1"
+DSL_CU13 = "nvidia-cutlass-dsl[cu13]==4.8.1"
 
 setup(
     name="paddle_dsa",
@@ -32,10 +35,10 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
-    install_requires=["numpy"],
+    install_requires=["numpy", DSL],
     extras_require={
-        "kernels": KERNELS,
-        "test": ["pytest>=7", "paddlepaddle==3.3.1"] + KERNELS,
+        "cu13": [DSL_CU13],
+        "test": ["pytest>=7", "paddlepaddle==3.3.1", DSL_CU13],
         "paddle-3.3": ["paddlepaddle==3.3.1"],
         "paddle-3.0": ["paddlepaddle==3.0.0"],
         "paddle-3.2": ["paddlepaddle==3.2.2"],
