@@ -2,6 +2,7 @@
 
 Nothing here is selected by version: what differs between lines lives in the port packages.
 """
+import ctypes
 import math
 
 import paddle
@@ -56,6 +57,39 @@ class DtypeMap:
             ) from None
 
 
+class _DLTensor(ctypes.Structure):
+    """The head of a DLManagedTensor (dlpack.h): the DLTensor it starts with."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _unit_axis_strides(capsule):
+    """Give every size-1 axis of an exported tensor the stride a compact layout would have.
+
+    Paddle 3.0-3.2 export stride 1 for size-1 axes (a [1, S, H, D] tensor arrives as (1, H*D, D, 1)).
+    Such a stride addresses nothing, but TMA descriptors need every stride to be a multiple of 16
+    bytes, so B = 1, Sq = 1 or an MQA key/value head (Hkv = 1) would be refused at launch. The
+    strides array belongs to this capsule's own DLManagedTensor, so rewriting it changes no tensor.
+    """
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    if not t.strides:
+        return
+    inner = 1  # the extent, in elements, of the axes to the right
+    for i in reversed(range(t.ndim)):
+        n = t.shape[i]
+        if n == 1:
+            t.strides[i] = inner
+        inner = max(inner, t.strides[i] * n)
+
+
 class Export:
     """DLPack view of a Paddle tensor for the DSL: no grad check, no stream synchronisation.
 
@@ -79,7 +113,9 @@ class Export:
     def __dlpack__(self, stream=None, **_):
         # Paddle's to_dlpack: no stop_gradient check (3.0+ __dlpack__ refuses grad-requiring tensors)
         # and no stream handling (3.0-3.2 __dlpack__(stream=...) syncs the host on GPU).
-        return _dlpack.to_dlpack(self.t)
+        capsule = _dlpack.to_dlpack(self.t)
+        _unit_axis_strides(capsule)
+        return capsule
 
     def __dlpack_device__(self):
         place = self.t.place
