@@ -85,8 +85,8 @@ def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=
     seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
                                        cu_seqlens_q, cu_seqlens_k)
     with paddle.no_grad():
-        s = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits)
-        return layout.rows_to_public(s.astype(_F32))
+        s = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32)
+        return layout.rows_to_public(s)
 
 
 def indexer_topk(scores, k, *, lengths=None):
@@ -221,12 +221,6 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
 # ----------------------------------------------------------------------------------------------------
 # Indexer training pieces (no autograd: the building blocks of indexer_kl_loss)
 # ----------------------------------------------------------------------------------------------------
-def _dense_index_stats(iq, ik, w, layout, limits):
-    s = ref_index.dense_scores(iq, ik, w, layout, limits)
-    mask = C.visible_mask(layout, limits, s.place)
-    return s, ref_index.index_lse(s, mask), mask
-
-
 def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor, ref_name="index_q"):
     idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor, ref_name)
     layout = seq.layout()
@@ -251,7 +245,8 @@ def dense_indexer_score_recompute(index_q, index_k, weights, *, causal=True, rat
     seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
                                        cu_seqlens_q, cu_seqlens_k)
     with paddle.no_grad():
-        s, lse, _ = _dense_index_stats(*_index_rows(seq, index_q, index_k, weights), layout, limits)
+        s, lse = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32,
+                                        with_lse=True)
         return _public_rows(layout, s, lse)
 
 
@@ -283,7 +278,7 @@ def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, ca
     layout = seq.layout(q_offsets)
     limits = C.row_limits(layout, causal, ratio)
     with paddle.no_grad():
-        a, l1 = ref_attn.dense(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, layout, limits)
+        a, l1 = ref_attn.dense(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, layout, limits, _F32)
         return _public_rows(layout, a, l1)
 
 
@@ -322,9 +317,9 @@ def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, at
     with paddle.no_grad():
         iq, ik, w = _index_rows(seq, index_q, index_k, weights)
         ct = C.compute_dtype(index_q)
-        mask = C.visible_mask(layout, limits, s.place)
-        g = ref_loss.grad_signal(s.astype(ct), lse, a, l1, mask, _grad_scale(coeff, gl, layout.norm_rows, ct))
-        return _public_grads(seq, index_q, index_k, weights, *ref_loss.dense_backward(iq, ik, w, g, layout, limits))
+        grads = ref_loss.dense_backward(iq, ik, w, s, lse, a, l1, layout, limits,
+                                        _grad_scale(coeff, gl, layout.norm_rows, ct))
+        return _public_grads(seq, index_q, index_k, weights, *grads)
 
 
 def sparse_indexer_score_recompute(index_q, index_k, weights, topk_indices, *, topk_length=None, cu_seqlens_q=None,
@@ -384,15 +379,11 @@ def sparse_indexer_backward(index_q, index_k, weights, topk_indices, index_score
 # ----------------------------------------------------------------------------------------------------
 # The indexer KL loss (PyLayer: gradients to index_q, index_k, weights only)
 # ----------------------------------------------------------------------------------------------------
-def _kl_pieces(cfg, iq, ik, w, q, kv, lse):
-    """(index_score, index_lse, attn_score, attn_l1norm, mask) in the compute dtype."""
-    if cfg.sparse:
-        s = ref_index.sparse_scores(iq, ik, w, cfg.gidx, cfg.valid)
-        a, l1 = ref_attn.sparse(q, kv, lse, cfg.scale, cfg.gidx, cfg.valid)
-        return s, ref_index.index_lse(s, cfg.valid), a, l1, cfg.valid
-    s, ilse, mask = _dense_index_stats(iq, ik, w, cfg.layout, cfg.limits)
-    a, l1 = ref_attn.dense(q, kv, lse, cfg.scale, cfg.layout, cfg.limits)
-    return s, ilse, a, l1, mask
+def _sparse_kl_pieces(cfg, iq, ik, w, q, kv, lse):
+    """(index_score, index_lse, attn_score, attn_l1norm) [Tq, K] / [Tq] in the compute dtype."""
+    s = ref_index.sparse_scores(iq, ik, w, cfg.gidx, cfg.valid)
+    a, l1 = ref_attn.sparse(q, kv, lse, cfg.scale, cfg.gidx, cfg.valid)
+    return s, ref_index.index_lse(s, cfg.valid), a, l1
 
 
 class _IndexerKLLoss(paddle.autograd.PyLayer):
@@ -400,8 +391,11 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
 
     @staticmethod
     def forward(ctx, iq, ik, w, q, kv, lse, cfg):
-        s, ilse, a, l1, mask = _kl_pieces(cfg, iq, ik, w, q, kv, lse)
-        loss = ref_loss.loss_value(s, ilse, a, l1, mask, cfg.loss_coeff, cfg.layout.norm_rows)
+        if cfg.sparse:
+            s, ilse, a, l1 = _sparse_kl_pieces(cfg, iq, ik, w, q, kv, lse)
+            loss = ref_loss.loss_value(s, ilse, a, l1, cfg.valid, cfg.loss_coeff, cfg.layout.norm_rows)
+        else:   # dense: row chunk by row chunk, no [Tq, width] intermediate
+            loss = ref_loss.dense_loss(iq, ik, w, q, kv, lse, cfg.scale, cfg.layout, cfg.limits, cfg.loss_coeff)
         ctx.cfg = cfg
         ctx.want = tuple(PORT.needs_grad(t) for t in (iq, ik, w))
         ctx.save_for_backward(iq, ik, w, q, kv, lse)
@@ -412,13 +406,13 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
         iq, ik, w, q, kv, lse = PORT.saved_tensors(ctx)
         cfg = ctx.cfg
         ct = C.compute_dtype(iq)
-        s, ilse, a, l1, mask = _kl_pieces(cfg, iq, ik, w, q, kv, lse)
         c = _grad_scale(cfg.loss_coeff, dloss.reshape([]), cfg.layout.norm_rows, ct)
-        g = ref_loss.grad_signal(s, ilse, a, l1, mask, c)
         if cfg.sparse:
+            s, ilse, a, l1 = _sparse_kl_pieces(cfg, iq, ik, w, q, kv, lse)
+            g = ref_loss.grad_signal(s, ilse, a, l1, cfg.valid, c)
             dq, dk, dw = ref_loss.sparse_backward(iq, ik, w, g, cfg.gidx, cfg.valid)
-        else:
-            dq, dk, dw = ref_loss.dense_backward(iq, ik, w, g, cfg.layout, cfg.limits)
+        else:   # the dense recompute + backward pieces, fused row chunk by row chunk
+            dq, dk, dw = ref_loss.dense_loss_backward(iq, ik, w, q, kv, lse, cfg.scale, cfg.layout, cfg.limits, c)
         grads = (dq.astype(iq.dtype), dk.astype(ik.dtype), dw.astype(w.dtype))
         return tuple(gr if want else None for gr, want in zip(grads, ctx.want)) + (None, None, None)
 

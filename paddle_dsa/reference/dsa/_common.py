@@ -24,9 +24,16 @@ LOG_MIN = -100.0
 L1_EPS = 1e-10
 NEG_INF = float("-inf")
 
-# Key-block width of the dense ops and the element budget of one temporary (rows x heads x block).
+# Key-block width of the dense ops and the element budget of one temporary (a sparse row chunk
+# rows x K x ..., a top-k row chunk). The dense ops size their temporaries (a tile rows x heads x
+# KEY_BLOCK, a row buffer rows x visible width) by dense_budget(): at most ELEMENT_BUDGET, and
+# DENSE_ELEMENTS_CPU on a CPU place (cache-sized: leaner and faster than larger tiles there) or
+# DENSE_ELEMENTS_GPU on a GPU place (fewer, larger launches). Working memory of a dense op is a small
+# constant number of such temporaries besides its outputs (docs/dsa.md, "Memory").
 KEY_BLOCK = 256
 ELEMENT_BUDGET = 1 << 25
+DENSE_ELEMENTS_CPU = 1 << 20
+DENSE_ELEMENTS_GPU = 1 << 24
 
 
 def compute_dtype(x):
@@ -34,9 +41,15 @@ def compute_dtype(x):
     return paddle.float64 if x.dtype == paddle.float64 else paddle.float32
 
 
-def row_chunk(rows, per_row):
-    """Rows per chunk so that a chunk's temporaries stay within ELEMENT_BUDGET elements."""
-    return max(1, min(rows, ELEMENT_BUDGET // max(1, per_row)))
+def row_chunk(rows, per_row, budget=None):
+    """Rows per chunk so that a chunk's temporaries stay within budget (default ELEMENT_BUDGET) elements."""
+    budget = ELEMENT_BUDGET if budget is None else budget
+    return max(1, min(rows, budget // max(1, per_row)))
+
+
+def dense_budget(like):
+    """Element budget of one dense temporary for tensors on like's place (see KEY_BLOCK above)."""
+    return min(ELEMENT_BUDGET, DENSE_ELEMENTS_GPU if like.place.is_gpu_place() else DENSE_ELEMENTS_CPU)
 
 
 class Layout:
@@ -166,23 +179,29 @@ def row_limits(layout, causal, ratio):
     return lim
 
 
-def visible_mask(layout, limits, place):
-    """bool [Tq, width] tensor of the dense visibility (key j < limits[row])."""
-    j = paddle.arange(layout.width, dtype=paddle.int64).unsqueeze(0)
-    return j < paddle.to_tensor(limits, place=place).unsqueeze(-1)
-
-
-def dense_blocks(layout, limits, per_row):
-    """Yield (segment, r0, r1, j0, j1) tiles of the visible region: rows qa+r0..qa+r1 of a segment and
-    its local keys j0..j1, skipping tiles no row of which sees any key."""
+def dense_chunks(layout, limits, heads, like):
+    """Yield (segment, r0, r1, top) row chunks of the visible region: rows qa+r0..qa+r1 of a segment,
+    which see local keys j < top at most (top = the chunk's largest limit, >= 1; chunks whose rows see
+    no key are skipped). A chunk is sized so that one of its tiles (rows x heads x KEY_BLOCK) and one
+    of its row buffers (rows x top) each stay within dense_budget(like) elements."""
+    budget = dense_budget(like)
     for seg in layout.segments:
         qa, ql, _, kl, _ = seg
         if ql == 0 or kl == 0:
             continue
         lim = limits[qa:qa + ql]
-        rows = row_chunk(ql, per_row)
+        seg_top = int(lim.max())
+        if seg_top == 0:
+            continue
+        rows = row_chunk(ql, max(heads * min(KEY_BLOCK, seg_top), seg_top), budget)
         for r0 in range(0, ql, rows):
             r1 = min(ql, r0 + rows)
             top = int(lim[r0:r1].max())
-            for j0 in range(0, top, KEY_BLOCK):
-                yield seg, r0, r1, j0, min(top, j0 + KEY_BLOCK)
+            if top > 0:
+                yield seg, r0, r1, top
+
+
+def key_blocks(top):
+    """(j0, j1) key blocks of width KEY_BLOCK covering local keys 0..top."""
+    for j0 in range(0, top, KEY_BLOCK):
+        yield j0, min(top, j0 + KEY_BLOCK)

@@ -18,24 +18,58 @@ def _head_sum(s, lse, mask):
     return paddle.minimum(e.sum(axis=1), paddle.full([1], C.FLT_MAX, dtype=s.dtype))
 
 
+def _dense_head_sum(s, lse, vis):
+    """_head_sum for a dense tile whose mask is the same for every head: s [R,H,N], lse [R,H], vis [R,N].
+    The flush and the clamp are per element; the mask is applied once, after the head sum (a masked
+    entry is exactly 0 either way, and a NaN there does not pass a where)."""
+    x = s - lse.unsqueeze(-1)
+    e = paddle.exp(paddle.clip(x, max=C.EXP_ARG_MAX))
+    e = paddle.where(x >= C.EXP_ARG_MIN, e, paddle.zeros_like(e))
+    hs = paddle.minimum(e.sum(axis=1), paddle.full([1], C.FLT_MAX, dtype=s.dtype))
+    return paddle.where(vis, hs, paddle.zeros_like(hs))
+
+
 def _l1(score):
     if score.shape[-1] == 0:
         return paddle.zeros(score.shape[:-1], dtype=score.dtype)
     return paddle.minimum(score.sum(axis=-1), paddle.full([1], C.FLT_MAX, dtype=score.dtype))
 
 
-def dense(query, kv, lse, scale, layout, limits):
-    """query [Tq,H,D], kv [Tk,D], lse [Tq,H] -> (attn_score [Tq, width], attn_l1norm [Tq]), compute dtype."""
-    ct = C.compute_dtype(query)
+def chunk_scores(query, kv, lse, scale, seg, r0, r1, top, limits, ct):
+    """attn_score of one dense row chunk (see _common.dense_chunks): [r1 - r0, top] in ct, 0 where not
+    visible; built key block by key block (temporaries rows x H x KEY_BLOCK)."""
+    qa, _, ka, _, _ = seg
+    a, b = qa + r0, qa + r1
     h, d = query.shape[1], query.shape[2]
-    out = paddle.zeros([layout.tq, layout.width], dtype=ct)
-    for (qa, _, ka, _, _), r0, r1, j0, j1 in C.dense_blocks(layout, limits, h * C.KEY_BLOCK):
-        q = query[qa + r0:qa + r1].astype(ct)
+    q = query[a:b].astype(ct).reshape([-1, d])
+    lse_c = lse[a:b].astype(ct)
+    lim = limits[a:b]
+    out = paddle.zeros([b - a, top], dtype=ct)
+    for j0, j1 in C.key_blocks(top):
         k = kv[ka + j0:ka + j1].astype(ct)
-        s = paddle.matmul(q.reshape([-1, d]), k, transpose_y=True).reshape([r1 - r0, h, j1 - j0]) * scale
-        vis = C.block_mask(limits[qa + r0:qa + r1], j0, j1, s.place).unsqueeze(1)
-        out[qa + r0:qa + r1, j0:j1] = _head_sum(s, lse[qa + r0:qa + r1].astype(ct), vis)
-    return out, _l1(out)
+        s = paddle.matmul(q, k, transpose_y=True).reshape([b - a, h, j1 - j0]) * scale
+        out[:, j0:j1] = _dense_head_sum(s, lse_c, C.block_mask(lim, j0, j1, s.place))
+    return out
+
+
+def chunk_l1(score):
+    """attn_l1norm of a row chunk's scores (saturated at FLT_MAX)."""
+    return _l1(score)
+
+
+def dense(query, kv, lse, scale, layout, limits, out_dtype=paddle.float32):
+    """query [Tq,H,D], kv [Tk,D], lse [Tq,H] -> (attn_score [Tq, width] in out_dtype, attn_l1norm [Tq] in
+    the compute dtype). Row chunk by row chunk: the only [Tq, width] tensor is the output; a chunk's
+    l1norm is summed from its compute-dtype scores before the cast."""
+    ct = C.compute_dtype(query)
+    out = paddle.zeros([layout.tq, layout.width], dtype=out_dtype)
+    l1 = paddle.zeros([layout.tq], dtype=ct)
+    for seg, r0, r1, top in C.dense_chunks(layout, limits, query.shape[1], query):
+        qa = seg[0]
+        a = chunk_scores(query, kv, lse, scale, seg, r0, r1, top, limits, ct)
+        out[qa + r0:qa + r1, :top] = a.astype(out_dtype)
+        l1[qa + r0:qa + r1] = chunk_l1(a)
+    return out, l1
 
 
 def sparse(query, kv, lse, scale, gidx, valid):

@@ -1,7 +1,8 @@
 """Lightning-indexer scores: I[t, j] = sum_h w[t, h] * relu(q[t, h] . k[j]) and their row lse.
 
 Dense: [Tq, width] with -inf where key j is not visible (causal: j < clamp((offset + i + 1) // ratio,
-0, Sk)); computed tile by tile (rows x KEY_BLOCK keys), temporaries O(rows x heads x block).
+0, Sk)); computed row chunk by row chunk and, within a chunk, key block by key block: temporaries
+O(rows x heads x KEY_BLOCK) and O(rows x width) within _common.dense_budget (see dense_chunks).
 Sparse: [Tq, K] over the slots of topk_indices, -inf at invalid slots; each slot is scored on its own
 (a duplicated index gives two equal entries).
 index_lse: natural-log logsumexp over the visible entries; 0 for a row with none (THD rows past
@@ -23,20 +24,42 @@ def weighted_relu_sum(w, logits):
     return paddle.matmul(w.unsqueeze(1), paddle.nn.functional.relu(logits)).squeeze(1)
 
 
-def dense_scores(index_q, index_k, weights, layout, limits):
-    """index_q [Tq, Hi, Di], index_k [Tk, Di], weights [Tq, Hi] (any float dtypes) ->
-    scores [Tq, width] in the compute dtype, -inf where not visible."""
-    ct = C.compute_dtype(index_q)
-    hi = index_q.shape[1]
-    out = paddle.full([layout.tq, layout.width], C.NEG_INF, dtype=ct)
-    for (qa, _, ka, _, _), r0, r1, j0, j1 in C.dense_blocks(layout, limits, hi * C.KEY_BLOCK):
-        q = index_q[qa + r0:qa + r1].astype(ct)
-        w = weights[qa + r0:qa + r1].astype(ct)
-        k = index_k[ka + j0:ka + j1].astype(ct)
-        s = weighted_relu_sum(w, head_logits(q, k))
-        vis = C.block_mask(limits[qa + r0:qa + r1], j0, j1, s.place)
-        out[qa + r0:qa + r1, j0:j1] = paddle.where(vis, s, paddle.full_like(s, C.NEG_INF))
+def chunk_scores(index_q, index_k, weights, seg, r0, r1, top, limits, ct):
+    """Scores of one dense row chunk (see _common.dense_chunks): [r1 - r0, top] in ct, -inf where not
+    visible; built key block by key block (temporaries rows x Hi x KEY_BLOCK)."""
+    qa, _, ka, _, _ = seg
+    a, b = qa + r0, qa + r1
+    q = index_q[a:b].astype(ct)
+    w = weights[a:b].astype(ct)
+    lim = limits[a:b]
+    out = paddle.full([b - a, top], C.NEG_INF, dtype=ct)
+    for j0, j1 in C.key_blocks(top):
+        s = weighted_relu_sum(w, head_logits(q, index_k[ka + j0:ka + j1].astype(ct)))
+        vis = C.block_mask(lim, j0, j1, s.place)
+        out[:, j0:j1] = paddle.where(vis, s, paddle.full_like(s, C.NEG_INF))
     return out
+
+
+def chunk_lse(scores, r0, r1, qa, limits):
+    """index_lse of a row chunk's scores [R, top] (0 for rows with no visible key)."""
+    return index_lse(scores, C.block_mask(limits[qa + r0:qa + r1], 0, scores.shape[1], scores.place))
+
+
+def dense_scores(index_q, index_k, weights, layout, limits, out_dtype=paddle.float32, with_lse=False):
+    """index_q [Tq, Hi, Di], index_k [Tk, Di], weights [Tq, Hi] (any float dtypes) ->
+    scores [Tq, width] in out_dtype, -inf where not visible (and, with_lse, index_lse [Tq] in the compute
+    dtype, 0 for rows with no visible key). Row chunk by row chunk: the only [Tq, width] tensor is the
+    output; the lse of a chunk is taken from its compute-dtype scores before the cast."""
+    ct = C.compute_dtype(index_q)
+    out = paddle.full([layout.tq, layout.width], C.NEG_INF, dtype=out_dtype)
+    lse = paddle.zeros([layout.tq], dtype=ct) if with_lse else None
+    for seg, r0, r1, top in C.dense_chunks(layout, limits, index_q.shape[1], index_q):
+        qa = seg[0]
+        s = chunk_scores(index_q, index_k, weights, seg, r0, r1, top, limits, ct)
+        out[qa + r0:qa + r1, :top] = s.astype(out_dtype)
+        if with_lse:
+            lse[qa + r0:qa + r1] = chunk_lse(s, r0, r1, qa, limits)
+    return (out, lse) if with_lse else out
 
 
 def sparse_scores(index_q, index_k, weights, gidx, valid):

@@ -16,6 +16,7 @@ Entries outside the row's set get G = 0; a row whose index_lse is +inf gets zero
 import paddle
 
 from . import _common as C
+from . import attn_score, indexer
 from .indexer import head_logits
 
 
@@ -24,17 +25,34 @@ def _target(attn_score, attn_l1norm, mask, dtype):
     return paddle.where(mask, t, paddle.zeros_like(t))
 
 
-def loss_value(index_score, index_lse, attn_score, attn_l1norm, mask, loss_coeff, norm_rows):
-    """Scalar float64 tensor: the clamped KL above (mask: bool [R, W] of the row's entries)."""
-    f64 = paddle.float64
-    if index_score.shape[-1] == 0 or norm_rows == 0:
-        return paddle.zeros([], dtype=f64)
-    t = paddle.clip(_target(attn_score, attn_l1norm, mask, f64), min=C.PROB_MIN)
-    x = index_score.astype(f64) - index_lse.astype(f64).unsqueeze(-1)
+def loss_sum(index_score, index_lse, attn_score, attn_l1norm, mask):
+    """Sum over rows and entries of the clamped KL terms of [R, W] rows (mask: bool [R, W] of the row's
+    entries), computed in the compute dtype of index_score (a scalar tensor)."""
+    ct = index_score.dtype
+    if index_score.shape[0] == 0 or index_score.shape[-1] == 0:
+        return paddle.zeros([], dtype=ct)
+    t = paddle.clip(_target(attn_score, attn_l1norm, mask, ct), min=C.PROB_MIN)
+    x = index_score - index_lse.astype(ct).unsqueeze(-1)
     x = paddle.where(mask, x, paddle.zeros_like(x))
     log_p = paddle.clip(paddle.minimum(x, paddle.zeros_like(x)), min=C.LOG_MIN)
     term = paddle.where(mask, t * (paddle.log(t) - log_p), paddle.zeros_like(t))
-    return term.sum() * (float(loss_coeff) / norm_rows)
+    return term.sum()
+
+
+def loss_value(index_score, index_lse, attn_score, attn_l1norm, mask, loss_coeff, norm_rows):
+    """Scalar tensor in the compute dtype of index_score: the clamped KL above, row chunk by row chunk
+    (temporaries within dense_budget elements)."""
+    ct = index_score.dtype
+    if index_score.shape[-1] == 0 or norm_rows == 0:
+        return paddle.zeros([], dtype=ct)
+    r, w = index_score.shape
+    total = paddle.zeros([], dtype=ct)
+    rows = C.row_chunk(r, w, C.dense_budget(index_score))
+    for r0 in range(0, r, rows):
+        r1 = min(r, r0 + rows)
+        total = total + loss_sum(index_score[r0:r1], index_lse[r0:r1], attn_score[r0:r1], attn_l1norm[r0:r1],
+                                 mask[r0:r1])
+    return total * (float(loss_coeff) / norm_rows)
 
 
 def grad_signal(index_score, index_lse, attn_score, attn_l1norm, mask, c):
@@ -49,24 +67,95 @@ def grad_signal(index_score, index_lse, attn_score, attn_l1norm, mask, c):
     return g - p * g.sum(axis=-1, keepdim=True)
 
 
-def dense_backward(index_q, index_k, weights, gsig, layout, limits):
-    """Through I = sum_h w relu(q . k) for the dense tiles: (dq [Tq,Hi,Di], dk [Tk,Di], dw [Tq,Hi])."""
-    ct = gsig.dtype
-    tq, hi, di = index_q.shape
-    dq = paddle.zeros([tq, hi, di], dtype=ct)
-    dk = paddle.zeros([index_k.shape[0], di], dtype=ct)
-    dw = paddle.zeros([tq, hi], dtype=ct)
-    for (qa, _, ka, _, _), r0, r1, j0, j1 in C.dense_blocks(layout, limits, 3 * hi * C.KEY_BLOCK):
-        a, b = qa + r0, qa + r1
-        q = index_q[a:b].astype(ct)
-        w = weights[a:b].astype(ct)
+# ----------------------------------------------------------------------------------------------------
+# Dense: row chunk by row chunk (_common.dense_chunks), never a [Tq, width] intermediate
+# ----------------------------------------------------------------------------------------------------
+def _chunk_backward(index_q, index_k, weights, g, seg, r0, r1, top, dq, dk, dw):
+    """Through I = sum_h w relu(q . k) for one row chunk with its grad signal g [R, top] (compute dtype):
+    writes dq / dw of the chunk's rows and adds into dk, key block by key block."""
+    ct = g.dtype
+    qa, _, ka, _, _ = seg
+    a, b = qa + r0, qa + r1
+    di = index_q.shape[2]
+    q = index_q[a:b].astype(ct)
+    w = weights[a:b].astype(ct)
+    dq_c = paddle.zeros(q.shape, dtype=ct)
+    dw_c = paddle.zeros(w.shape, dtype=ct)
+    for j0, j1 in C.key_blocks(top):
         k = index_k[ka + j0:ka + j1].astype(ct)
-        g = gsig[a:b, j0:j1]
+        gb = g[:, j0:j1]
         logits = head_logits(q, k)
-        dw[a:b] = dw[a:b] + paddle.matmul(paddle.nn.functional.relu(logits), g.unsqueeze(-1)).squeeze(-1)
-        da = (g.unsqueeze(1) * w.unsqueeze(-1) * (logits > 0).astype(ct)).reshape([-1, j1 - j0])
-        dq[a:b] = dq[a:b] + paddle.matmul(da, k).reshape([b - a, hi, di])
+        dw_c = dw_c + paddle.matmul(paddle.nn.functional.relu(logits), gb.unsqueeze(-1)).squeeze(-1)
+        da = (gb.unsqueeze(1) * w.unsqueeze(-1) * (logits > 0).astype(ct)).reshape([-1, j1 - j0])
+        dq_c = dq_c + paddle.matmul(da, k).reshape([b - a] + q.shape[1:])
         dk[ka + j0:ka + j1] = dk[ka + j0:ka + j1] + paddle.matmul(da, q.reshape([-1, di]), transpose_x=True)
+    dq[a:b] = dq_c
+    dw[a:b] = dw_c
+
+
+def _grads_init(index_q, index_k, ct):
+    tq, hi, di = index_q.shape
+    return (paddle.zeros([tq, hi, di], dtype=ct), paddle.zeros([index_k.shape[0], di], dtype=ct),
+            paddle.zeros([tq, hi], dtype=ct))
+
+
+def _dense_stats(index_q, index_k, weights, query, kv, lse, scale, seg, r0, r1, top, limits, ct):
+    """(index_score, index_lse, attn_score, attn_l1norm, mask) of one dense row chunk, compute dtype."""
+    qa = seg[0]
+    s = indexer.chunk_scores(index_q, index_k, weights, seg, r0, r1, top, limits, ct)
+    mask = C.block_mask(limits[qa + r0:qa + r1], 0, top, s.place)
+    ilse = indexer.index_lse(s, mask)
+    a = attn_score.chunk_scores(query, kv, lse, scale, seg, r0, r1, top, limits, ct)
+    return s, ilse, a, attn_score.chunk_l1(a), mask
+
+
+def _chunk_heads(index_q, query):
+    return max(index_q.shape[1], query.shape[1])
+
+
+def dense_loss(index_q, index_k, weights, query, kv, lse, scale, layout, limits, loss_coeff):
+    """The dense KL loss (scalar, compute dtype) straight from the inputs, row chunk by row chunk: the
+    chunk's index and attention scores [R, top] are computed, reduced to the loss and dropped."""
+    ct = C.compute_dtype(index_q)
+    total = paddle.zeros([], dtype=ct)
+    if layout.norm_rows == 0:
+        return total
+    for seg, r0, r1, top in C.dense_chunks(layout, limits, _chunk_heads(index_q, query), index_q):
+        s, ilse, a, l1, mask = _dense_stats(index_q, index_k, weights, query, kv, lse, scale, seg, r0, r1, top,
+                                            limits, ct)
+        total = total + loss_sum(s, ilse, a, l1, mask)
+    return total * (float(loss_coeff) / layout.norm_rows)
+
+
+def dense_loss_backward(index_q, index_k, weights, query, kv, lse, scale, layout, limits, c):
+    """Gradients of dense_loss (c: scalar tensor, loss_coeff * grad_loss / N): the chunk statistics are
+    recomputed, turned into the grad signal and pushed through the indexer, chunk by chunk.
+    (dq [Tq,Hi,Di], dk [Tk,Di], dw [Tq,Hi]) in the compute dtype."""
+    ct = C.compute_dtype(index_q)
+    dq, dk, dw = _grads_init(index_q, index_k, ct)
+    c = c.astype(ct)
+    for seg, r0, r1, top in C.dense_chunks(layout, limits, _chunk_heads(index_q, query), index_q):
+        s, ilse, a, l1, mask = _dense_stats(index_q, index_k, weights, query, kv, lse, scale, seg, r0, r1, top,
+                                            limits, ct)
+        g = grad_signal(s, ilse, a, l1, mask, c)
+        _chunk_backward(index_q, index_k, weights, g, seg, r0, r1, top, dq, dk, dw)
+    return dq, dk, dw
+
+
+def dense_backward(index_q, index_k, weights, index_score, index_lse, attn_score_, attn_l1norm, layout, limits, c):
+    """Gradients from given dense statistics ([Tq, width] scores, [Tq] lse / l1norm, any float dtype):
+    each row chunk's [R, top] slice is cast to the compute dtype, turned into the grad signal and pushed
+    through the indexer. (dq [Tq,Hi,Di], dk [Tk,Di], dw [Tq,Hi]) in the compute dtype."""
+    ct = C.compute_dtype(index_q)
+    dq, dk, dw = _grads_init(index_q, index_k, ct)
+    c = c.astype(ct)
+    for seg, r0, r1, top in C.dense_chunks(layout, limits, index_q.shape[1], index_q):
+        qa = seg[0]
+        a, b = qa + r0, qa + r1
+        mask = C.block_mask(limits[a:b], 0, top, index_q.place)
+        g = grad_signal(index_score[a:b, :top].astype(ct), index_lse[a:b], attn_score_[a:b, :top],
+                        attn_l1norm[a:b], mask, c)
+        _chunk_backward(index_q, index_k, weights, g, seg, r0, r1, top, dq, dk, dw)
     return dq, dk, dw
 
 
