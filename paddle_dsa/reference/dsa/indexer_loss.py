@@ -12,6 +12,10 @@ and through I[t,s] = sum_h w[t,h] relu(q[t,h] . k_s):
     dw[t,h] = sum_s G relu(q_h . k_s);  dA = G w_h 1[q_h . k_s > 0]
     dq[t,h] = sum_s dA k_s;  dk[s] += sum_{t,h} dA q[t,h]
 Entries outside the row's set get G = 0; a row whose index_lse is +inf gets zero gradient.
+Everything is computed in the compute dtype (float32; float64 for float64 inputs), the loss included.
+Dense: the loss and its gradient go row chunk by row chunk (_common.dense_chunks), each chunk's index
+and attention scores [R, top] built, used and dropped, so no [Tq, width] tensor is ever formed; row
+chunks (not key streaming) because T's clamp needs the row's full L1 norm before any entry.
 """
 import paddle
 
