@@ -172,6 +172,27 @@ def is_tensor(x):
     return isinstance(x, paddle.Tensor)
 
 
+def shape(t):
+    """The shape as a tuple of ints (2.6-3.2 give a list, 3.3 a paddle.Size: neither is a good cache key)."""
+    return tuple(int(s) for s in t.shape)
+
+
+def is_gpu(t):
+    return t.place.is_gpu_place()
+
+
+def needs_grad(t):
+    return not t.stop_gradient
+
+
+def in_dynamic_mode():
+    return paddle.in_dynamic_mode()
+
+
+def to_numpy(t):
+    return t.numpy()
+
+
 def grad_wanted(tensors):
     """Per tensor input, whether it needs a gradient: record it in forward (ctx has no needs_input_grad)."""
     return tuple(not t.stop_gradient for t in tensors)

@@ -9,7 +9,7 @@ import sys
 if "paddle" not in sys.modules:
     import zlib  # noqa: F401  (must precede `import paddle` on 2.6; see ports/__init__.py)
 
-import paddle  # noqa: E402
+import paddle  # noqa: E402,F401  (after zlib: the order this line needs)
 
 from .. import EARLY
 from .. import _common as C
@@ -27,43 +27,18 @@ FEATURES = {
 
 _DTYPES = C.DtypeMap(NAME)
 
-
-def dtype_name(dtype):
-    """'bfloat16', 'float16', ... for a Paddle dtype object; str(dtype) for anything else."""
-    return _DTYPES.name(dtype)
-
-
-def dtype_from_name(name):
-    return _DTYPES.from_name(name)
-
-
+# The parts of the interface that are the same on every line (ports/_common.py).
+dtype_name = _DTYPES.name  # 'bfloat16', 'float16', ... for a Paddle dtype object
+dtype_from_name = _DTYPES.from_name
 is_tensor = C.is_tensor
-
-
-def shape(t):
-    # t.shape is a list: unhashable, so no good as a cache key.
-    return tuple(int(s) for s in t.shape)
-
-
-def is_gpu(t):
-    return t.place.is_gpu_place()
-
-
-def needs_grad(t):
-    return not t.stop_gradient
-
-
+shape = C.shape
+is_gpu = C.is_gpu
+needs_grad = C.needs_grad
 saved_tensors = C.saved_tensors
 grad_wanted = C.grad_wanted
 input_grads = C.input_grads
-
-
-def in_dynamic_mode():
-    return paddle.in_dynamic_mode()
-
-
-def to_numpy(t):
-    return t.numpy()
+in_dynamic_mode = C.in_dynamic_mode
+to_numpy = C.to_numpy
 
 
 def export(t, writable=False):
