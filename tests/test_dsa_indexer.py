@@ -5,17 +5,9 @@ import pytest
 
 import dsa_reference as R
 import paddle_dsa as P
+from dsa_helpers import tiles  # noqa: F401  (autouse fixture)
 
 F64 = "float64"
-
-
-@pytest.fixture(autouse=True, params=["tiles-default", "tiles-tiny"])
-def tiles(request, monkeypatch):
-    """Run every test twice: default tiles, and 1-row chunks x 3-key blocks (the multi-tile code paths)."""
-    if request.param == "tiles-tiny":
-        from paddle_dsa.reference.dsa import _common
-        monkeypatch.setattr(_common, "KEY_BLOCK", 3)
-        monkeypatch.setattr(_common, "ELEMENT_BUDGET", 1)
 
 
 def pd(a, dtype=F64):
