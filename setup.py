@@ -27,6 +27,9 @@ PACKAGES = {
 # (the default wheel set targets CUDA 12 drivers).
 DSL = "nvidia-cutlass-dsl==4.8.1"
 DSL_CU13 = "nvidia-cutlass-dsl[cu13]==4.8.1"
+# Kernels are compiled with the DSL's TVM-FFI entry (--enable-tvm-ffi) and called with tvm_ffi tensors: a launch
+# costs microseconds of host time instead of the DSL's Python argument marshalling (ops/common/tensors.py).
+TVM_FFI = "apache-tvm-ffi>=0.1.15,<0.2"
 
 setup(
     name="paddle_dsa",
@@ -35,7 +38,7 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
-    install_requires=["numpy", DSL],
+    install_requires=["numpy", DSL, TVM_FFI],
     extras_require={
         "cu13": [DSL_CU13],
         "test": ["pytest>=7", "paddlepaddle==3.3.1", DSL_CU13],

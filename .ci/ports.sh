@@ -37,6 +37,7 @@ venv_key() {  # hash of everything the venv's contents depend on
     "$PY" -c 'import sys; print(sys.version)'
     cat "$ROOT/$dir/requirements.txt"
     grep -E "^\s*\"paddle-$line\":" "$ROOT/setup.py"
+    grep -E "^(DSL|TVM_FFI) =|install_requires" "$ROOT/setup.py"
   } | sha256sum | cut -c1-16
 }
 

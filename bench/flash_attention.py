@@ -236,30 +236,39 @@ def main(a):
 
 # ------------------------------------------------------------------------------------------------ host cost
 def profile_host(n=300):
-    """Host cost of one seam call (no sync): wall time per call and the top cProfile entries."""
+    """Host cost of one seam call (no sync), forward and backward: wall time per call, then the top cProfile
+    entries of the forward. The GPU is kept busy by a spin, so the calls only queue (host time, not device)."""
     import cProfile
     import pstats
-    q, k, v = (torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.empty_like(q)
+    from ops.flash_attention.bwd import flash_attn_bwd
+    q, k, v, dout = (torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     lse = torch.empty(2, 16, 1024, device="cuda", dtype=torch.float32)
     stream = torch.cuda.current_stream().cuda_stream
-    call = lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=0.088, causal=False, window=(-1, -1),  # noqa
-                                  stream=stream)
-    call()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
+    alloc = _ws_alloc()
+    calls = {
+        "forward": lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=0.088, causal=False, window=(-1, -1),
+                                          stream=stream),
+        "backward": lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=0.088, causal=False,
+                                           window=(-1, -1), alloc=alloc, stream=stream),
+    }
+    for name, call in calls.items():
         call()
-    host = (time.perf_counter() - t) / n
-    torch.cuda.synchronize()
-    print(f"host time per seam call: {host * 1e6:.1f} us")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e9))  # ~1 s of GPU spin: the timed calls only queue
+        t = time.perf_counter()
+        for _ in range(n):
+            call()
+        host = (time.perf_counter() - t) / n
+        torch.cuda.synchronize()
+        print(f"# host time per {name} seam call: {host * 1e6:.1f} us (B2 S1k H16 D128 bf16, {n} calls)")
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(n):
-        call()
+        calls["forward"]()
     pr.disable()
     torch.cuda.synchronize()
-    pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(14)
 
 
 def parse_args(argv=None):

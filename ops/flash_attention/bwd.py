@@ -1,6 +1,7 @@
 """Seam of the sm90 flash-attention backward: ``flash_attn_bwd`` (see backward_sm90.py for the kernels).
 
-Inputs reach here as DLPack objects (torch tensors in the GPU tests, a Paddle export later); dq/dk/dv are
+Inputs reach here as DLPack objects (torch tensors in the GPU tests, a Paddle export from paddle_dsa), wrapped
+once as tvm_ffi tensors (ops.common.tensors) that both the checks and the compiled TVM-FFI entry use; dq/dk/dv are
 preallocated by the caller with the shapes/dtypes of q/k/v and are fully written. Workspaces (fp32 log2-LSE,
 Delta and the dQ accumulator, all initialised by the kernels) come from the caller's ``alloc``.
 No host synchronisation, no device reads on the host: graph-capturable.
@@ -9,13 +10,13 @@ import os
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor, make_fake_stream  # noqa: E402
+from cutlass.cute.runtime import make_fake_tensor, make_fake_stream  # noqa: E402
 
 from . import supported  # noqa: E402
 from ..common.mask import effective_window  # noqa: E402
+from ..common.tensors import COMPILE_OPTIONS, arg_tensor, stream_handle  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 
@@ -41,6 +42,8 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 
 
 def _fake(dtype, rank, align=16):
+    """Stand-in tensor: dynamic shape and strides, innermost stride 1, base ``align``-byte aligned (the seam
+    checks all of it before a launch; the compiled TVM-FFI entry re-checks)."""
     shape = tuple(cute.sym_int() for _ in range(rank))
     stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
@@ -76,33 +79,9 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
         _fake(F32, rl, 4), _fake(F32, rl, 4), _fake(F32, r, 16),  # lse2 delta dqacc
         cu, cu2,
         cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
-        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
+        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(), options=COMPILE_OPTIONS)
     _CACHE[key] = fn
     return fn
-
-
-def _shape(x):
-    return tuple(int(s) for s in x.shape)
-
-
-def _conv(x, name, align=16):
-    try:
-        t = from_dlpack(x, assumed_align=align)
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{name}: not a DLPack tensor usable here ({e})") from e
-    return t
-
-
-def _check_tma(t, name, elem_bytes):
-    st = tuple(int(s) for s in t.stride)
-    if st[-1] != 1:
-        raise ValueError(f"{name}: innermost stride must be 1, got strides {st}")
-    for s, n in zip(st[:-1], t.shape[:-1]):
-        if int(n) > 1 and (s * elem_bytes) % 16 != 0:
-            raise ValueError(f"{name}: strides {st} must be multiples of 16 bytes (TMA)")
-    ptr = getattr(t.iterator, "_pointer", None)  # from_dlpack(assumed_align=16) checks it too
-    if isinstance(ptr, int) and ptr % 16 != 0:
-        raise ValueError(f"{name}: base address must be 16-byte aligned")
 
 
 def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_scale, causal, window,
@@ -114,19 +93,18 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
     names = ("q", "k", "v", "out", "dout", "dq", "dk", "dv")
-    tens = {n: _conv(x, n) for n, x in zip(names, (q, k, v, out, dout, dq, dk, dv))}
-    shapes = {n: tuple(int(s) for s in tens[n].shape) for n in names}
+    at = {n: arg_tensor(x, n) for n, x in zip(names, (q, k, v, out, dout, dq, dk, dv))}
+    shapes = {n: at[n].shape for n in names}
     rank = 3 if varlen else 4
     for n in names:
         if len(shapes[n]) != rank:
             raise ValueError(f"{n}: expected a {rank}-D tensor, got shape {shapes[n]}")
-    dtn = str(tens["q"].element_type)
-    dt_name = {"BFloat16": "bfloat16", "Float16": "float16"}.get(dtn)
-    if dt_name is None or dt_name not in supported.DTYPES:
-        raise ValueError(f"q: dtype {dtn} not supported (supported: {supported.DTYPES})")
+    dt_name = at["q"].dtype
+    if dt_name not in supported.DTYPES:
+        raise ValueError(f"q: dtype {dt_name} not supported (supported: {supported.DTYPES})")
     for n in names:
-        if str(tens[n].element_type) != dtn:
-            raise ValueError(f"{n}: dtype {tens[n].element_type} differs from q's {dtn}")
+        if at[n].dtype != dt_name:
+            raise ValueError(f"{n}: dtype {at[n].dtype} differs from q's {dt_name}")
     D = shapes["q"][-1]
     if D not in supported.HEAD_DIMS or D not in (64, 128):
         raise ValueError(f"q: head_dim {D} not supported (supported: {supported.HEAD_DIMS})")
@@ -145,28 +123,31 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     if not varlen and shapes["q"][0] != shapes["k"][0]:
         raise ValueError(f"k: batch {shapes['k'][0]} differs from q's {shapes['q'][0]}")
     for n in names:
-        _check_tma(tens[n], n, 2)
+        at[n].require_tma()
 
-    lse_t = _conv(lse, "lse", 4)
+    lse_t = arg_tensor(lse, "lse")
     lse_shape = tuple(shapes["q"][i] for i in ((1, 0) if varlen else (0, 2, 1)))
-    if tuple(int(s) for s in lse_t.shape) != lse_shape or str(lse_t.element_type) != "Float32":
-        raise ValueError(f"lse: expected float32 {lse_shape}, got {lse_t.element_type} "
-                         f"{tuple(int(s) for s in lse_t.shape)}")
+    if lse_t.shape != lse_shape or lse_t.dtype != "float32":
+        raise ValueError(f"lse: expected float32 {lse_shape}, got {lse_t.dtype} {lse_t.shape}")
+    lse_t.require_inner_contiguous(4)
     if dlse is not None:
-        dlse_t = _conv(dlse, "dlse", 4)
-        if tuple(int(s) for s in dlse_t.shape) != lse_shape or str(dlse_t.element_type) != "Float32":
-            raise ValueError(f"dlse: expected float32 {lse_shape}")
+        dlse_t = arg_tensor(dlse, "dlse")
+        if dlse_t.shape != lse_shape or dlse_t.dtype != "float32":
+            raise ValueError(f"dlse: expected float32 {lse_shape}, got {dlse_t.dtype} {dlse_t.shape}")
+        dlse_t.require_inner_contiguous(4)
     else:
         dlse_t = lse_t
 
     _, left, right = effective_window(causal, window)
     Sq, Sk = shapes["q"][-3], shapes["k"][-3]
     if varlen:
-        cu_q = _conv(cu_seqlens_q, "cu_seqlens_q", 4)
-        cu_k = _conv(cu_seqlens_k, "cu_seqlens_k", 4)
-        if str(cu_q.element_type) != "Int32" or str(cu_k.element_type) != "Int32":
-            raise ValueError("cu_seqlens_q/k must be int32")
-        nb_q, nb_k = int(cu_q.shape[0]) - 1, int(cu_k.shape[0]) - 1
+        cu_q = arg_tensor(cu_seqlens_q, "cu_seqlens_q")
+        cu_k = arg_tensor(cu_seqlens_k, "cu_seqlens_k")
+        for c in (cu_q, cu_k):
+            if c.dtype != "int32" or len(c.shape) != 1:
+                raise ValueError(f"{c.name}: must be an int32 vector, got {c.dtype} shape {c.shape}")
+            c.require_inner_contiguous(4)
+        nb_q, nb_k = cu_q.shape[0] - 1, cu_k.shape[0] - 1
         if nb_q != nb_k or nb_q < 0:
             raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length >= 1")
         nbatch = nb_q
@@ -180,24 +161,13 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     grid_n = max(1, (mk + bn - 1) // bn)
 
     # workspaces (uninitialised; the kernels write every element they read)
-    lse2 = alloc(lse_shape, "float32")
-    delta = alloc(lse_shape, "float32")
-    dqacc = alloc(shapes["q"], "float32")
-    ws = [_conv(x, n, 16 if n == "dqacc" else 4) for x, n in ((lse2, "lse2"), (delta, "delta"), (dqacc, "dqacc"))]
+    lse2 = arg_tensor(alloc(lse_shape, "float32"), "lse2 workspace").require_inner_contiguous(4)
+    delta = arg_tensor(alloc(lse_shape, "float32"), "delta workspace").require_inner_contiguous(4)
+    dqacc = arg_tensor(alloc(shapes["q"], "float32"), "dq_accum workspace").require_tma()
 
     fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast)
-    if nbatch == 0 or Sq == 0 or H == 0:
-        # nothing to launch over the query side; dk/dv still need zeros
-        pass
-
-    def dyn(t, rank_):
-        return t.mark_layout_dynamic(leading_dim=rank_ - 1)
-
-    args = [dyn(tens[n], rank) for n in ("q", "k", "v", "out", "dout")]
-    args += [dyn(lse_t, rank - 1), dyn(dlse_t, rank - 1)]
-    args += [dyn(tens[n], rank) for n in ("dq", "dk", "dv")]
-    args += [dyn(ws[0], rank - 1), dyn(ws[1], rank - 1), dyn(ws[2], rank)]
-    args += [dyn(cu_q, 1) if varlen else None, dyn(cu_k, 1) if varlen else None]
-    fn(*args, cutlass.Float32(float(softmax_scale)), cutlass.Int32(1 if dlse is not None else 0),
-       cutlass.Int32(left), cutlass.Int32(right), cutlass.Int32(nbatch), cutlass.Int32(grid_m),
-       cutlass.Int32(grid_n), cuda.CUstream(int(stream)))
+    fn(*(at[n].ffi for n in ("q", "k", "v", "out", "dout")), lse_t.ffi, dlse_t.ffi,
+       *(at[n].ffi for n in ("dq", "dk", "dv")), lse2.ffi, delta.ffi, dqacc.ffi,
+       cu_q.ffi if varlen else None, cu_k.ffi if varlen else None,
+       float(softmax_scale), 1 if dlse is not None else 0, int(left), int(right), int(nbatch), int(grid_m),
+       int(grid_n), stream_handle(stream))

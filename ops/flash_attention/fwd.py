@@ -8,8 +8,10 @@ preallocated by the caller and fully written here.
   dense : q [B,Sq,H,D], k/v [B,Sk,Hkv,D], out [B,Sq,H,D], lse float32 [B,H,Sq]
   varlen: q [Tq,H,D], k/v [Tk,Hkv,D], out [Tq,H,D], lse float32 [H,Tq], cu_seqlens_q/k int32 [batch+1],
           max_seqlen_q/k host ints (no device read on the host).
-Kernel variants are compiled once per (dtype, head_dim, bounded mask, varlen) and cached; shapes and strides are
-dynamic, so a new B/S/H does not recompile.
+Kernel variants are compiled once per (dtype, head_dim, bounded mask, varlen) from stand-in tensors
+(``fake_args``) and cached; shapes and strides are dynamic, so a new B/S/H does not recompile. Arguments are
+wrapped once as tvm_ffi tensors (ops.common.tensors), validated from that metadata, and the compiled TVM-FFI
+entry is called with them: no cute.Tensor is built per call.
 """
 import math
 import os
@@ -18,17 +20,17 @@ from . import supported
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-_KDL_CUDA = 2
 _CACHE = {}
+_LOG2E = math.log2(math.e)
+BLOCK_M = 128  # query rows per CTA (forward_sm90.BLOCK_M; a CPU test keeps the two equal)
 
 
 def _lazy():
     import cuda.bindings.driver as cuda  # noqa: F401
     import cutlass  # noqa: F401
     import cutlass.cute as cute  # noqa: F401
-    from cutlass.cute.runtime import from_dlpack  # noqa: F401
     from . import forward_sm90  # noqa: F401
-    return cuda, cutlass, cute, from_dlpack, forward_sm90
+    return cuda, cutlass, cute, forward_sm90
 
 
 def _dtype_of(name):
@@ -58,28 +60,32 @@ def all_variant_keys():
 
 
 def _compile(key, args):
-    _, cutlass, cute, _, fwd_mod = _lazy()
+    _, cutlass, cute, fwd_mod = _lazy()
+    from ..common.tensors import COMPILE_OPTIONS
     dtype_name, head_dim, bounded, varlen = key
     kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=_overlap(),
                                 pingpong=_pingpong())
-    return cute.compile(kern, *args)
+    return cute.compile(kern, *args, options=COMPILE_OPTIONS)
 
 
 def fake_args(key):
-    """Stand-in arguments (dynamic shapes/strides, innermost stride 1) to compile a variant without a GPU."""
-    cuda, cutlass, cute, _, _ = _lazy()
+    """Stand-in arguments for compiling a variant (on a GPU machine or not): dynamic shapes and strides, the
+    layout constraints the seam checks before every launch (and that the compiled TVM-FFI entry re-checks):
+    q/k/v/out innermost stride 1, other strides multiples of 8 elements (16 bytes), bases 16-byte aligned;
+    lse/cu_seqlens innermost stride 1, 4-byte aligned."""
+    cuda, cutlass, cute, _ = _lazy()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
     dtype_name, head_dim, bounded, varlen = key
     dt = _dtype_of(dtype_name)
 
-    def t(dtype, ndim, last=None):
+    def t(dtype, ndim, last=None, divisibility=8, align=16):
         shape = tuple(cute.sym_int() for _ in range(ndim - 1)) + ((last if last is not None else cute.sym_int()),)
-        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(ndim - 1)) + (1,)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+        stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in range(ndim - 1)) + (1,)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
     nd = 3 if varlen else 4
     q, k, v, o = (t(dt, nd, head_dim) for _ in range(4))
-    lse = t(cutlass.Float32, 2 if varlen else 3)
+    lse = t(cutlass.Float32, 2 if varlen else 3, divisibility=1, align=4)
     cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
     cu_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
     return (q, k, v, o, lse, cu_q, cu_k, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
@@ -87,25 +93,20 @@ def fake_args(key):
 
 
 def compile_variant(key):
-    """Compile one variant from stand-in tensors (CPU compile tests); returns the compiled callable."""
-    return _compile(key, fake_args(key))
-
-
-def _check_tma(name, t, elem_bytes):
-    if t.stride[-1] != 1:
-        raise ValueError(f"{name}: innermost (head_dim) stride must be 1, got strides {tuple(t.stride)}")
-    for s in t.stride[:-1]:
-        if (int(s) * elem_bytes) % 16:
-            raise ValueError(f"{name}: every stride must be a multiple of 16 bytes, got strides {tuple(t.stride)}")
-    t.load_dltensor()
-    if int(t._dltensor_wrapper.data_ptr) % 16:
-        raise ValueError(f"{name}: base address must be 16-byte aligned")
+    """Compile one variant from stand-in tensors (cached): the function every launch calls, and what the CPU
+    compile tests build."""
+    ck = (key, _overlap(), _pingpong())
+    fn = _CACHE.get(ck)
+    if fn is None:
+        fn = _compile(key, fake_args(key))
+        _CACHE[ck] = fn
+    return fn
 
 
 def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None, cu_seqlens_k=None,
                    max_seqlen_q=0, max_seqlen_k=0, stream=0):
-    cuda, cutlass, cute, from_dlpack, fwd_mod = _lazy()
     from ..common.mask import effective_window
+    from ..common.tensors import arg_tensor, stream_handle
 
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
@@ -113,28 +114,18 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     named = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
     if varlen:
         named.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    for name, x in named.items():
-        if not hasattr(x, "__dlpack__"):
-            raise ValueError(f"{name}: expected a DLPack tensor, got {type(x).__name__}")
-        dev = x.__dlpack_device__()
-        if int(dev[0]) != _KDL_CUDA:
-            raise ValueError(f"{name}: must be on a CUDA device, got DLPack device {tuple(dev)}")
-    # one conversion per tensor (the alignment is only an assumption recorded for the compiled code; it is
-    # checked below before any launch)
-    ct = {name: from_dlpack(x, assumed_align=16 if name in ("q", "k", "v", "out") else 4)
-          for name, x in named.items()}
+    at = {name: arg_tensor(x, name) for name, x in named.items()}
 
-    dt = ct["q"].element_type
-    dtype_name = {cutlass.BFloat16: "bfloat16", cutlass.Float16: "float16"}.get(dt)
-    if dtype_name is None or dtype_name not in supported.DTYPES:
-        raise ValueError(f"q: dtype {dt} not supported (supported: {supported.DTYPES})")
+    dtype_name = at["q"].dtype
+    if dtype_name not in supported.DTYPES:
+        raise ValueError(f"q: dtype {dtype_name} not supported (supported: {supported.DTYPES})")
     for name in ("k", "v", "out"):
-        if ct[name].element_type != dt:
-            raise ValueError(f"{name}: dtype {ct[name].element_type} differs from q's {dt}")
-    if ct["lse"].element_type != cutlass.Float32:
-        raise ValueError(f"lse: must be float32, got {ct['lse'].element_type}")
+        if at[name].dtype != dtype_name:
+            raise ValueError(f"{name}: dtype {at[name].dtype} differs from q's {dtype_name}")
+    if at["lse"].dtype != "float32":
+        raise ValueError(f"lse: must be float32, got {at['lse'].dtype}")
 
-    qs, ks, vs, os_, ls = (tuple(int(s) for s in ct[n].shape) for n in ("q", "k", "v", "out", "lse"))
+    qs, ks, vs, os_, ls = (at[n].shape for n in ("q", "k", "v", "out", "lse"))
     nd = 3 if varlen else 4
     for name, s in (("q", qs), ("k", ks), ("v", vs), ("out", os_)):
         if len(s) != nd:
@@ -156,17 +147,19 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         if ls != (H, Tq):
             raise ValueError(f"lse: expected shape {(H, Tq)}, got {ls}")
         for name in ("cu_seqlens_q", "cu_seqlens_k"):
-            c = ct[name]
-            if c.element_type != cutlass.Int32 or len(c.shape) != 1 or int(c.stride[0]) != 1:
-                raise ValueError(f"{name}: must be a contiguous int32 vector")
-        nb = int(ct["cu_seqlens_q"].shape[0]) - 1
-        if nb < 0 or int(ct["cu_seqlens_k"].shape[0]) - 1 != nb:
+            c = at[name]
+            if c.dtype != "int32" or len(c.shape) != 1 or c.strides[0] != 1:
+                raise ValueError(f"{name}: must be a contiguous int32 vector, got {c.dtype} shape {c.shape} "
+                                 f"strides {c.strides}")
+            c.require_inner_contiguous(4)
+        nb = at["cu_seqlens_q"].shape[0] - 1
+        if nb < 0 or at["cu_seqlens_k"].shape[0] - 1 != nb:
             raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch+1 entries")
         if Tq == 0 or H == 0:
             return
         if Tk == 0:
             raise ValueError("k/v: zero total keys is not supported by the TMA path")
-        grid_m = max(1, -(-int(max_seqlen_q) // fwd_mod.BLOCK_M))
+        grid_m = max(1, -(-int(max_seqlen_q) // BLOCK_M))
     else:
         B, Sq = qs[0], qs[1]
         if ks[0] != B:
@@ -177,34 +170,18 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if ks[1] == 0:
             raise ValueError("k/v: Sk == 0 is not supported by the TMA path")
-        grid_m = -(-Sq // fwd_mod.BLOCK_M)
-    eb = dt.width // 8
+        grid_m = -(-Sq // BLOCK_M)
     for name in ("q", "k", "v", "out"):
-        _check_tma(name, ct[name], eb)
+        at[name].require_tma()
+    at["lse"].require_inner_contiguous(4)
 
     bounded, left, right = effective_window(causal, window)
     scale = float(softmax_scale)
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
 
-    ct["lse"].load_dltensor()
-    if int(ct["lse"].stride[-1]) != 1 or int(ct["lse"]._dltensor_wrapper.data_ptr) % 4:
-        raise ValueError("lse: innermost stride must be 1 and the base 4-byte aligned")
-
-    def dyn(name):
-        t = ct[name]
-        return t.mark_layout_dynamic(leading_dim=len(t.shape) - 1)
-
-    args = [dyn("q"), dyn("k"), dyn("v"), dyn("out"), dyn("lse")]
-    if varlen:
-        args += [dyn("cu_seqlens_q"), dyn("cu_seqlens_k")]
-    else:
-        args += [None, None]
-    args += [cutlass.Float32(scale * math.log2(math.e)), cutlass.Int32(left), cutlass.Int32(right),
-             cutlass.Int32(grid_m), cuda.CUstream(int(stream))]
-    key = variant_key(dtype_name, D, bounded, varlen)
-    fn = _CACHE.get((key, _overlap(), _pingpong()))
-    if fn is None:
-        fn = _compile(key, args)
-        _CACHE[(key, _overlap(), _pingpong())] = fn
-    fn(*args)
+    fn = compile_variant(variant_key(dtype_name, D, bounded, varlen))
+    cu_q = at["cu_seqlens_q"].ffi if varlen else None
+    cu_k = at["cu_seqlens_k"].ffi if varlen else None
+    fn(at["q"].ffi, at["k"].ffi, at["v"].ffi, at["out"].ffi, at["lse"].ffi, cu_q, cu_k,
+       scale * _LOG2E, int(left), int(right), int(grid_m), stream_handle(stream))

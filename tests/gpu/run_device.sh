@@ -6,7 +6,9 @@
 # Logs go to $OUT (or /tmp/gpu_out when OUT is unset); a test may write $OUT/<test file>.table, printed after it.
 # Knobs: GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
-# BENCH_TIMEOUT bound each step (seconds).
+# BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
+# (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry apache-tvm-ffi
+# (../shared/device/pack.sh apache-tvm-ffi==0.1.15.post2 ..., or the FA4 pack line in docs/performance.md).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_out}"
@@ -14,6 +16,7 @@ export OUT
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1
+python3 -c "import tvm_ffi" 2>/dev/null || { echo "apache-tvm-ffi is not installed: pack it into .device (see the header)"; exit 3; }
 
 declare -a ROWS
 TESTS="${GPU_TESTS:-$(ls tests/gpu/test_*.py)}"
@@ -56,6 +59,10 @@ if [ "${RUN_BENCH:-0}" = "1" ] && [ -f bench/flash_attention.py ]; then
   rc=$?
   secs=$(( $(date +%s) - start ))
   ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' bench "$rc" "$secs" "$(grep -m1 '^# FA4' "$OUT/bench.log")")")
+  timeout 120 python3 bench/flash_attention.py --host > "$OUT/bench_host.log" 2>&1
+  rc=$?
+  while IFS= read -r l; do ROWS+=("$(printf '%-28s rc=%-3s %s' host "$rc" "$l")"); done \
+    < <(grep '^# host time' "$OUT/bench_host.log")
   if grep -q '^# table' "$OUT/bench.log"; then
     sed -n '/^# table/,$p' "$OUT/bench.log"
   else

@@ -1,0 +1,197 @@
+"""CPU tests of the kernel seams' argument checks (ops/common/tensors.py, ops/flash_attention/{fwd,bwd}.py).
+
+No GPU here, so "CUDA" tensors are host numpy arrays whose DLPack capsule is relabelled as CUDA memory
+(``CudaLabelled``): the seams read shape/stride/dtype/pointer metadata from them exactly as from real device
+tensors. Only invalid calls are made, so every test must end in the seam's ValueError before any compile or
+launch (a valid call would try to launch and fail differently).
+"""
+import ctypes
+import os
+import sys
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("cutlass")
+pytest.importorskip("tvm_ffi")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from ops.common import tensors  # noqa: E402
+from ops.flash_attention import bwd, fwd  # noqa: E402
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_get = ctypes.pythonapi.PyCapsule_GetPointer
+_get.restype = ctypes.c_void_p
+_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class CudaLabelled:
+    """A numpy array exported through DLPack with device type kDLCUDA (2)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **_):
+        cap = self.a.__dlpack__()
+        _DLTensor.from_address(_get(cap, b"dltensor")).device_type = 2
+        return cap
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def cuda(a):
+    return CudaLabelled(a)
+
+
+def h16(*shape):
+    return np.zeros(shape, dtype=np.float16)
+
+
+def f32(*shape):
+    return np.zeros(shape, dtype=np.float32)
+
+
+def dense(B=2, S=64, H=4, Hkv=4, D=64):
+    return dict(q=cuda(h16(B, S, H, D)), k=cuda(h16(B, S, Hkv, D)), v=cuda(h16(B, S, Hkv, D)),
+                out=cuda(h16(B, S, H, D)), lse=cuda(f32(B, H, S)))
+
+
+def call_fwd(**over):
+    a = dense()
+    a.update(over)
+    fwd.flash_attn_fwd(a["q"], a["k"], a["v"], a["out"], a["lse"], softmax_scale=0.125, causal=False,
+                       window=(-1, -1))
+
+
+# ------------------------------------------------------------------------------------------------ ArgTensor
+def test_arg_tensor_reads_metadata():
+    a = np.zeros((2, 3, 4, 8), dtype=np.float16)[:, 1:]
+    t = tensors.arg_tensor(cuda(a), "q")
+    assert t.shape == (2, 2, 4, 8) and t.strides == (96, 32, 8, 1)
+    assert t.dtype == "float16" and t.bits == 16 and t.device_type == 2
+    assert t.ptr == a.ctypes.data
+
+
+def test_arg_tensor_rejects_host_and_non_dlpack():
+    with pytest.raises(ValueError, match=r"q: must be on a CUDA device"):
+        tensors.arg_tensor(h16(2, 2), "q")
+    with pytest.raises(ValueError, match=r"k: expected a DLPack tensor, got list"):
+        tensors.arg_tensor([1, 2], "k")
+
+
+def test_require_tma():
+    base = np.zeros(4096, dtype=np.float16)
+    off = (-base.ctypes.data // 2) % 8  # element offset to a 16-byte boundary
+    good = base[off:off + 2 * 8 * 64].reshape(2, 8, 64)
+    tensors.arg_tensor(cuda(good), "q").require_tma()
+    with pytest.raises(ValueError, match="q: base address must be 16-byte aligned"):
+        tensors.arg_tensor(cuda(base[off + 1:off + 1 + 64].reshape(1, 64)), "q").require_tma()
+    with pytest.raises(ValueError, match="innermost"):
+        tensors.arg_tensor(cuda(good.transpose(0, 2, 1)), "q").require_tma()
+    odd = base[off:off + 4 * 68].reshape(4, 68)[:, :64]        # row stride 68 elements = 136 bytes
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        tensors.arg_tensor(cuda(odd), "k").require_tma()
+    unit = np.lib.stride_tricks.as_strided(good, shape=(1, 8, 64), strides=(2, 128, 2))  # size-1 axis, stride 1
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        tensors.arg_tensor(cuda(unit), "v").require_tma()
+
+
+def test_stream_handle():
+    assert tensors.stream_handle(None) == 0
+    assert tensors.stream_handle(0) == 0
+    assert tensors.stream_handle(0x1234) == 0x1234
+
+    class S:
+        def __int__(self):
+            return 77
+    assert tensors.stream_handle(S()) == 77
+
+
+# ------------------------------------------------------------------------------------------------ forward seam
+def test_fwd_block_m_matches_kernel():
+    from ops.flash_attention import forward_sm90
+    assert fwd.BLOCK_M == forward_sm90.BLOCK_M
+
+
+@pytest.mark.parametrize("over, msg", [
+    (dict(q=h16(2, 64, 4, 64)), "q: must be on a CUDA device"),
+    (dict(q=cuda(np.zeros((2, 64, 4, 64), np.float32))), "q: dtype float32 not supported"),
+    (dict(k=cuda(np.zeros((2, 64, 4, 64), np.float32))), "k: dtype float32 differs"),
+    (dict(q=cuda(h16(2, 64, 4, 96)), out=cuda(h16(2, 64, 4, 96))), r"q: head_dim 96 not supported"),
+    (dict(q=cuda(h16(64, 4, 64))), r"q: expected 4 dims"),
+    (dict(k=cuda(h16(2, 64, 3, 64)), v=cuda(h16(2, 64, 3, 64))), r"multiple of k/v heads"),
+    (dict(lse=cuda(f32(2, 64, 4))), r"lse: expected shape \(2, 4, 64\)"),
+    (dict(lse=cuda(np.zeros((2, 4, 64), np.float16))), "lse: must be float32"),
+    (dict(out=cuda(h16(2, 32, 4, 64))), "out: shape"),
+])
+def test_fwd_rejects(over, msg):
+    with pytest.raises(ValueError, match=msg):
+        call_fwd(**over)
+
+
+def test_fwd_rejects_bad_strides():
+    k = h16(2, 64, 4, 68)[..., :64]  # head stride 68 elements: 136 bytes, not a multiple of 16
+    with pytest.raises(ValueError, match="k: every stride must be a multiple of 16 bytes"):
+        call_fwd(k=cuda(k), v=cuda(h16(2, 64, 4, 68)[..., :64]))
+
+
+def test_fwd_rejects_non_finite_scale():
+    a = dense()
+    with pytest.raises(ValueError, match="softmax_scale must be finite"):
+        fwd.flash_attn_fwd(a["q"], a["k"], a["v"], a["out"], a["lse"], softmax_scale=float("nan"), causal=False,
+                           window=(-1, -1))
+
+
+def test_fwd_varlen_checks():
+    q, kv, out = cuda(h16(40, 4, 64)), cuda(h16(50, 4, 64)), cuda(h16(40, 4, 64))
+    cu = cuda(np.array([0, 10, 40], np.int32))
+    with pytest.raises(ValueError, match="given together"):
+        fwd.flash_attn_fwd(q, kv, kv, out, cuda(f32(4, 40)), softmax_scale=0.1, causal=False, window=(-1, -1),
+                           cu_seqlens_q=cu)
+    with pytest.raises(ValueError, match="cu_seqlens_k: must be a contiguous int32 vector"):
+        fwd.flash_attn_fwd(q, kv, kv, out, cuda(f32(4, 40)), softmax_scale=0.1, causal=False, window=(-1, -1),
+                           cu_seqlens_q=cu, cu_seqlens_k=cuda(np.array([0, 10, 50], np.int64)), max_seqlen_q=30)
+    with pytest.raises(ValueError, match="both have batch\\+1 entries"):
+        fwd.flash_attn_fwd(q, kv, kv, out, cuda(f32(4, 40)), softmax_scale=0.1, causal=False, window=(-1, -1),
+                           cu_seqlens_q=cu, cu_seqlens_k=cuda(np.array([0, 50], np.int32)), max_seqlen_q=30)
+    with pytest.raises(ValueError, match=r"lse: expected shape \(4, 40\)"):
+        fwd.flash_attn_fwd(q, kv, kv, out, cuda(f32(40, 4)), softmax_scale=0.1, causal=False, window=(-1, -1),
+                           cu_seqlens_q=cu, cu_seqlens_k=cuda(np.array([0, 20, 50], np.int32)), max_seqlen_q=30)
+
+
+# ------------------------------------------------------------------------------------------------ backward seam
+def call_bwd(**over):
+    a = dense()
+    a.update(dout=cuda(h16(2, 64, 4, 64)), dq=cuda(h16(2, 64, 4, 64)), dk=cuda(h16(2, 64, 4, 64)),
+             dv=cuda(h16(2, 64, 4, 64)))
+    a.update(over)
+
+    def alloc(shape, dtype):
+        raise AssertionError("a rejected call must not allocate workspaces")
+    bwd.flash_attn_bwd(a["q"], a["k"], a["v"], a["out"], a["dout"], a["lse"], a["dq"], a["dk"], a["dv"],
+                       softmax_scale=0.125, causal=True, window=(-1, -1), alloc=alloc)
+
+
+@pytest.mark.parametrize("over, msg", [
+    (dict(dq=h16(2, 64, 4, 64)), "dq: must be on a CUDA device"),
+    (dict(dout=cuda(np.zeros((2, 64, 4, 64), np.float32))), "dout: dtype float32 differs"),
+    (dict(dk=cuda(h16(2, 32, 4, 64))), "dk: shape"),
+    (dict(lse=cuda(f32(2, 64, 4))), r"lse: expected float32 \(2, 4, 64\)"),
+    (dict(dv=cuda(h16(2, 64, 4, 68)[..., :64])), "dv: every stride must be a multiple of 16 bytes"),
+    (dict(k=cuda(h16(2, 64, 3, 64)), v=cuda(h16(2, 64, 3, 64)), dk=cuda(h16(2, 64, 3, 64)),
+          dv=cuda(h16(2, 64, 3, 64))), "kv heads do not divide"),
+])
+def test_bwd_rejects(over, msg):
+    with pytest.raises(ValueError, match=msg):
+        call_bwd(**over)
