@@ -42,8 +42,8 @@ class ArgTensor:
                 raise ValueError(f"{name}: not a DLPack tensor usable here ({type(e).__name__}: {e})") from e
         self.ffi = t
         self.name = name
-        self.shape = tuple(int(s) for s in t.shape)
-        self.strides = tuple(int(s) for s in t.strides)
+        self.shape = tuple(t.shape)      # tvm_ffi gives tuples of ints
+        self.strides = tuple(t.strides)
         self.dtype = str(t.dtype)
         self.bits = int(t.dtype.bits)
         self.ptr = int(t.data_ptr())
