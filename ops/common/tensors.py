@@ -13,6 +13,10 @@ the argument.
 KDL_CUDA = 2
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
+# cutlass Numeric class name -> dtype name, for exports that carry fp8 as raw uint8 bytes and name the real
+# element type in ``element_type_name`` (Paddle 3.0-3.2; ports/PORT_INTERFACE.md).
+_ELEMENT_TYPE_NAMES = {"Float8E4M3FN": "float8_e4m3fn", "Float8E5M2": "float8_e5m2"}
+
 
 def _tvm_ffi():
     try:
@@ -48,6 +52,9 @@ class ArgTensor:
         self.bits = int(t.dtype.bits)
         self.ptr = int(t.data_ptr())
         self.device_type = int(t.device.dlpack_device_type())
+        element_type_name = getattr(x, "element_type_name", None)
+        if element_type_name:  # raw bytes of a dtype the exporter's DLPack cannot name
+            self.dtype = _ELEMENT_TYPE_NAMES.get(element_type_name, element_type_name)
 
     def require_cuda(self):
         if self.device_type != KDL_CUDA:

@@ -195,3 +195,16 @@ def call_bwd(**over):
 def test_bwd_rejects(over, msg):
     with pytest.raises(ValueError, match=msg):
         call_bwd(**over)
+
+
+def test_arg_tensor_names_fp8_carried_as_bytes():
+    """An export that carries fp8 as uint8 bytes (Paddle 3.0-3.2) is reported as fp8, never as uint8."""
+    class Fp8Bytes(CudaLabelled):
+        element_type_name = "Float8E4M3FN"
+
+    t = tensors.arg_tensor(Fp8Bytes(np.zeros((4, 64), np.uint8)), "q")
+    assert t.dtype == "float8_e4m3fn" and t.bits == 8
+    a = dense()
+    with pytest.raises(ValueError, match="q: dtype float8_e4m3fn not supported"):
+        fwd.flash_attn_fwd(Fp8Bytes(np.zeros((2, 64, 4, 64), np.uint8)), a["k"], a["v"], a["out"], a["lse"],
+                           softmax_scale=0.1, causal=False, window=(-1, -1))
