@@ -62,25 +62,11 @@ def scale_scores(s_mn: cute.Tensor, scale_log2: Float32):
 
 @cute.jit
 def online_softmax_update(s_mn: cute.Tensor, o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor):
-    """Scaled, masked scores -> unnormalised P (in place); update (row_max, row_sum); rescale O's view."""
-    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-        m_blk = s_mn[r, 0]
-        for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
-            m_blk = cute.arch.fmax(m_blk, s_mn[r, c])
-        m_blk = quad_max(m_blk)
-        m_old = row_max[r]
-        m_new = cute.arch.fmax(m_old, m_blk)
-        m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
-        corr = cute.math.exp2(m_old - m_use, fastmath=True)
-        row_max[r] = m_new
-        part = Float32(0.0)
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
-            s_mn[r, c] = p
-            part = part + p
-        row_sum[r] = row_sum[r] * corr + part
-        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-            o_mn[r, c] = o_mn[r, c] * corr
+    """Scaled, masked scores -> unnormalised P (in place); update (row_max, row_sum); rescale O's view
+    (online_softmax_step, then rescale_rows)."""
+    corr = cute.make_rmem_tensor((cute.size(s_mn, mode=[0]),), Float32)
+    online_softmax_step(s_mn, row_max, row_sum, corr)
+    rescale_rows(o_mn, corr)
 
 
 @cute.jit
