@@ -97,6 +97,9 @@ def fake(monkeypatch):
     monkeypatch.setattr(seam, "_MODULES", {"fwd": mod, "bwd": mod})
     monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
     monkeypatch.setattr(PORT, "stream_handle", lambda t: 1234)
+    # outputs and workspaces NaN-poisoned: an element the kernel did not write, or a buffer the seam did not
+    # hand to the kernel (a copy), shows up as NaN in the results
+    monkeypatch.setattr(seam, "_empty", lambda shape, dtype: paddle.full(list(shape), float("nan"), dtype=dtype))
     return kernels
 
 

@@ -22,9 +22,17 @@ def available(which):
     return _module(which) is not None
 
 
+def _empty(shape, dtype):
+    """Every buffer the kernels fill (outputs, workspaces) comes from here, uninitialised: the kernels write every
+    element of out/lse/dq/dk/dv (the H200 tests poison them with NaN first) and initialise every workspace element
+    they read. tests/test_kernel_seam.py replaces it with a NaN fill to show the seam hands these very buffers to
+    the kernels and returns them."""
+    return paddle.empty(list(shape), dtype=dtype)
+
+
 def _alloc(shape, dtype):
-    """Workspace allocator handed to the kernels: they initialise everything they read."""
-    return PORT.export(paddle.empty(list(shape), dtype=PORT.dtype_from_name(dtype)), writable=True)
+    """Workspace allocator handed to the kernels."""
+    return PORT.export(_empty(shape, PORT.dtype_from_name(dtype)), writable=True)
 
 
 def _out(t):
@@ -37,8 +45,8 @@ def forward(q, k, v, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k
     varlen = cu_q is not None
     shp = PORT.shape(q)
     lse_shape = [shp[1], shp[0]] if varlen else [shp[0], shp[2], shp[1]]
-    out = paddle.empty(list(shp), dtype=q.dtype)
-    lse = paddle.empty(lse_shape, dtype=paddle.float32)
+    out = _empty(shp, q.dtype)
+    lse = _empty(lse_shape, paddle.float32)
     ex = PORT.export
     _module("fwd").flash_attn_fwd(
         ex(q), ex(k), ex(v), _out(out), _out(lse),
@@ -51,9 +59,9 @@ def forward(q, k, v, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k
 
 def backward(q, k, v, out, dout, lse, dlse, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k=0,
              deterministic=False):
-    dq = paddle.empty(PORT.shape(q), dtype=q.dtype)
-    dk = paddle.empty(PORT.shape(k), dtype=k.dtype)
-    dv = paddle.empty(PORT.shape(v), dtype=v.dtype)
+    dq = _empty(PORT.shape(q), q.dtype)
+    dk = _empty(PORT.shape(k), k.dtype)
+    dv = _empty(PORT.shape(v), v.dtype)
     ex = PORT.export
     _module("bwd").flash_attn_bwd(
         ex(q), ex(k), ex(v), ex(out), ex(dout), ex(lse), _out(dq), _out(dk), _out(dv),
