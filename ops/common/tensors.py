@@ -97,6 +97,23 @@ def arg_tensor(x, name, *, cuda=True):
     return t.require_cuda() if cuda else t
 
 
+def cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k):
+    """Both varlen offset vectors wrapped and checked (int32, rank 1, inner stride 1, 4-byte aligned, the same
+    length >= 1); returns (cu_q, cu_k, batch). Their values are the caller's contract (no device read here)."""
+    pair = []
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        c = arg_tensor(x, name)
+        if c.dtype != "int32" or len(c.shape) != 1 or c.shape[0] < 1:
+            raise ValueError(f"{name}: must be a contiguous int32 vector of batch+1 entries, got {c.dtype} "
+                             f"shape {c.shape}")
+        pair.append(c.require_inner_contiguous(4))
+    cu_q, cu_k = pair
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have batch+1 entries, got {cu_q.shape[0]} and "
+                         f"{cu_k.shape[0]}")
+    return cu_q, cu_k, cu_q.shape[0] - 1
+
+
 def stream_handle(stream):
     """The raw CUDA stream handle as an int (0 = the legacy default stream): an int, None, or anything whose
     ``int()`` is the handle (``cuda.bindings.driver.CUstream``, a framework's stream wrapper)."""

@@ -16,7 +16,7 @@ from cutlass.cute.runtime import make_fake_tensor, make_fake_stream  # noqa: E40
 
 from . import supported  # noqa: E402
 from ..common.mask import effective_window  # noqa: E402
-from ..common.tensors import COMPILE_OPTIONS, arg_tensor, stream_handle  # noqa: E402
+from ..common.tensors import COMPILE_OPTIONS, arg_tensor, cu_seqlens_pair, stream_handle  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 
@@ -122,6 +122,13 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")
     if not varlen and shapes["q"][0] != shapes["k"][0]:
         raise ValueError(f"k: batch {shapes['k'][0]} differs from q's {shapes['q'][0]}")
+    Sq, Sk = shapes["q"][-3], shapes["k"][-3]
+    if not varlen and shapes["q"][0] == 0:
+        return  # batch 0: every tensor is empty, nothing to write
+    if Sq == 0 or Sk == 0 or H == 0:
+        # dk/dv (or dq) would have to be zero-filled without a query row, key or head: not done by the TMA path
+        what = "query rows" if Sq == 0 else ("key rows" if Sk == 0 else "query heads")
+        raise ValueError(f"q/k: zero {what} are not supported by the TMA path (q {shapes['q']}, k {shapes['k']})")
     for n in names:
         at[n].require_tma()
 
@@ -139,18 +146,10 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         dlse_t = lse_t
 
     _, left, right = effective_window(causal, window)
-    Sq, Sk = shapes["q"][-3], shapes["k"][-3]
     if varlen:
-        cu_q = arg_tensor(cu_seqlens_q, "cu_seqlens_q")
-        cu_k = arg_tensor(cu_seqlens_k, "cu_seqlens_k")
-        for c in (cu_q, cu_k):
-            if c.dtype != "int32" or len(c.shape) != 1:
-                raise ValueError(f"{c.name}: must be an int32 vector, got {c.dtype} shape {c.shape}")
-            c.require_inner_contiguous(4)
-        nb_q, nb_k = cu_q.shape[0] - 1, cu_k.shape[0] - 1
-        if nb_q != nb_k or nb_q < 0:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length >= 1")
-        nbatch = nb_q
+        cu_q, cu_k, nbatch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+        if nbatch < 1:
+            raise ValueError("cu_seqlens_q/k: the backward needs at least one segment (batch + 1 >= 2 entries)")
         mq, mk = int(max_seqlen_q), int(max_seqlen_k)
     else:
         cu_q = cu_k = None

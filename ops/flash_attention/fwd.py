@@ -38,15 +38,12 @@ def _dtype_of(name):
     return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
 
 
-def _overlap():
-    """PADDLE_DSA_FWD_OVERLAP=0 selects the plain (non-overlapped) mainloop, a debugging fallback."""
-    return os.environ.get("PADDLE_DSA_FWD_OVERLAP", "1") != "0"
-
-
-def _pingpong():
-    """PADDLE_DSA_FWD_PINGPONG=1: consumer warpgroups take turns issuing wgmmas (passed the GPU tests on the H200;
-    mixed speed, so off by default)."""
-    return os.environ.get("PADDLE_DSA_FWD_PINGPONG", "0") == "1"
+# Read once at import (like PADDLE_DSA_BWD_FAST), not per call:
+#   PADDLE_DSA_FWD_OVERLAP=0 selects the plain (non-overlapped) mainloop, a debugging fallback;
+#   PADDLE_DSA_FWD_PINGPONG=1 makes the consumer warpgroups take turns issuing wgmmas (passed the GPU tests on the
+#   H200; mixed speed, so off by default).
+OVERLAP = os.environ.get("PADDLE_DSA_FWD_OVERLAP", "1") != "0"
+PINGPONG = os.environ.get("PADDLE_DSA_FWD_PINGPONG", "0") == "1"
 
 
 def variant_key(dtype_name, head_dim, bounded, varlen):
@@ -63,8 +60,8 @@ def _compile(key, args):
     _, cutlass, cute, fwd_mod = _lazy()
     from ..common.tensors import COMPILE_OPTIONS
     dtype_name, head_dim, bounded, varlen = key
-    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=_overlap(),
-                                pingpong=_pingpong())
+    kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=OVERLAP,
+                                pingpong=PINGPONG)
     return cute.compile(kern, *args, options=COMPILE_OPTIONS)
 
 
@@ -102,7 +99,7 @@ def fake_args(key):
 def compile_variant(key):
     """Compile one variant from stand-in tensors (cached): the function every launch calls, and what the CPU
     compile tests build."""
-    ck = (key, _overlap(), _pingpong())
+    ck = (key, OVERLAP, PINGPONG)
     fn = _CACHE.get(ck)
     if fn is None:
         fn = _compile(key, fake_args(key))
@@ -113,14 +110,12 @@ def compile_variant(key):
 def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None, cu_seqlens_k=None,
                    max_seqlen_q=0, max_seqlen_k=0, stream=0):
     from ..common.mask import effective_window
-    from ..common.tensors import arg_tensor, stream_handle
+    from ..common.tensors import arg_tensor, cu_seqlens_pair, stream_handle
 
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
     named = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
-    if varlen:
-        named.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     at = {name: arg_tensor(x, name) for name, x in named.items()}
 
     dtype_name = at["q"].dtype
@@ -153,15 +148,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         Tq, Tk = qs[0], ks[0]
         if ls != (H, Tq):
             raise ValueError(f"lse: expected shape {(H, Tq)}, got {ls}")
-        for name in ("cu_seqlens_q", "cu_seqlens_k"):
-            c = at[name]
-            if c.dtype != "int32" or len(c.shape) != 1 or c.strides[0] != 1:
-                raise ValueError(f"{name}: must be a contiguous int32 vector, got {c.dtype} shape {c.shape} "
-                                 f"strides {c.strides}")
-            c.require_inner_contiguous(4)
-        nb = at["cu_seqlens_q"].shape[0] - 1
-        if nb < 0 or at["cu_seqlens_k"].shape[0] - 1 != nb:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch+1 entries")
+        at["cu_seqlens_q"], at["cu_seqlens_k"], _ = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
         if Tq == 0 or H == 0:
             return
         if Tk == 0:

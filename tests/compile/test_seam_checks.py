@@ -208,3 +208,39 @@ def test_arg_tensor_names_fp8_carried_as_bytes():
     with pytest.raises(ValueError, match="q: dtype float8_e4m3fn not supported"):
         fwd.flash_attn_fwd(Fp8Bytes(np.zeros((2, 64, 4, 64), np.uint8)), a["k"], a["v"], a["out"], a["lse"],
                            softmax_scale=0.1, causal=False, window=(-1, -1))
+
+
+def test_bwd_empty_and_degenerate_shapes():
+    """B = 0: nothing to write, no allocation, no launch. Zero query or key rows (dense or varlen) and a varlen
+    batch of no segments are rejected before any allocation (no kernel would write dk/dv or dq)."""
+    def no_alloc(shape, dtype):
+        raise AssertionError("must not allocate")
+
+    def run(q_shape, k_shape, lse_shape, **kw):
+        q, k = cuda(h16(*q_shape)), cuda(h16(*k_shape))
+        bwd.flash_attn_bwd(q, k, cuda(h16(*k_shape)), cuda(h16(*q_shape)), cuda(h16(*q_shape)),
+                           cuda(f32(*lse_shape)), cuda(h16(*q_shape)), cuda(h16(*k_shape)), cuda(h16(*k_shape)),
+                           softmax_scale=0.1, causal=False, window=(-1, -1), alloc=no_alloc, **kw)
+
+    run((0, 64, 4, 64), (0, 64, 4, 64), (0, 4, 64))  # returns
+    with pytest.raises(ValueError, match="zero query rows"):
+        run((2, 0, 4, 64), (2, 64, 4, 64), (2, 4, 0))
+    with pytest.raises(ValueError, match="zero key rows"):
+        run((2, 64, 4, 64), (2, 0, 4, 64), (2, 4, 64))
+    cu1 = cuda(np.array([0], np.int32))
+    with pytest.raises(ValueError, match="at least one segment"):
+        run((40, 4, 64), (50, 4, 64), (4, 40), cu_seqlens_q=cu1, cu_seqlens_k=cu1, max_seqlen_q=1, max_seqlen_k=1)
+    cu = cuda(np.array([0, 0], np.int32))
+    with pytest.raises(ValueError, match="zero query rows"):
+        run((0, 4, 64), (50, 4, 64), (4, 0), cu_seqlens_q=cu, cu_seqlens_k=cuda(np.array([0, 50], np.int32)),
+            max_seqlen_q=0, max_seqlen_k=50)
+    with pytest.raises(ValueError, match="cu_seqlens_q and cu_seqlens_k must both have batch\\+1 entries"):
+        run((40, 4, 64), (50, 4, 64), (4, 40), cu_seqlens_q=cuda(np.array([0, 40], np.int32)),
+            cu_seqlens_k=cuda(np.array([0, 20, 50], np.int32)), max_seqlen_q=40, max_seqlen_k=30)
+
+
+def test_bwd_rejects_zero_query_heads():
+    q, k = cuda(h16(2, 64, 0, 64)), cuda(h16(2, 64, 2, 64))
+    with pytest.raises(ValueError, match="zero query heads"):
+        bwd.flash_attn_bwd(q, k, k, q, q, cuda(f32(2, 0, 64)), q, k, k, softmax_scale=0.1, causal=False,
+                           window=(-1, -1), alloc=None)
