@@ -4,7 +4,8 @@
 # tests/gpu/sanitize_*.py, 3) optional benchmark (RUN_BENCH=1): bench/flash_attention.py, forward and backward vs
 # SDPA FLASH/cuDNN and FlashAttention-4 when it is packed (.device/whl), CSV + SVG plot to $OUT, 4) a short summary.
 # Logs go to $OUT (or /tmp/gpu_out when OUT is unset); a test may write $OUT/<test file>.table, printed after it.
-# Knobs: GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
+# Knobs: GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
+# bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
 # BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
 # (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry apache-tvm-ffi
@@ -37,7 +38,7 @@ done
 
 SAN=compute-sanitizer
 command -v $SAN >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
-SANS="$(ls tests/gpu/sanitize_*.py)"
+SANS="${GPU_SANITIZE:-$(ls tests/gpu/sanitize_*.py)}"
 [ "${RUN_SANITIZE:-1}" = "1" ] || SANS=""
 for s in $SANS; do
   name=$(basename "$s" .py)
@@ -73,6 +74,17 @@ if [ "${RUN_BENCH:-0}" = "1" ] && [ -f bench/flash_attention.py ]; then
       --title "Flash attention on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), bf16, $(date -u +%F)"
     ROWS+=("$(printf '%-28s rc=%-3s' plot $?)")
   fi
+fi
+
+if [ "${RUN_DSA_BENCH:-0}" = "1" ] && [ -f bench/dsa_indexer.py ]; then
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench/dsa_indexer.py ${DSA_BENCH_ARGS:-} --csv "$OUT/bench_dsa_indexer.csv" \
+    > "$OUT/bench_dsa.log" 2>&1
+  rc=$?
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss' bench_dsa "$rc" "$(( $(date +%s) - start ))")")
+  sed -n '/^# table/,$p' "$OUT/bench_dsa.log"
+  grep -E "^# cuDNN|Error|error" "$OUT/bench_dsa.log" | head -5
 fi
 
 echo

@@ -1,0 +1,192 @@
+"""DSA indexer benchmark on the H200: ours against NVIDIA cuDNN frontend's sm90 DSA ops and a torch eager
+reference, all in the same run.
+
+Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
+  indexer fwd      B1 Sq = Sk = 8K, 64 index heads: scores only           (cuDNN indexer_forward_wrapper)
+  idx recompute    the same with the row lse (dense indexer recompute)   (cuDNN dense_indexer_score_recompute_wrapper)
+  indexer + top-k  B1 32K x 32K, 32 heads, k = 2048: scores then top-k   (cuDNN indexer_forward_wrapper +
+                   indexer_top_k_wrapper; torch eager: head loop + torch.topk)
+  top-k            32K rows x 32K fp32 scores (our indexer's output), k = 2048
+FLOPs: 2 * H * D * (visible (query, key) pairs), about half of Sq * Sk when causal (the count cuDNN's 470 TFLOP/s
+at 1.17 ms uses). Top-k: GB/s of the score bytes read once.
+Timing: bench/timing.device_time (median device time of one call, CUDA events, host queued ahead).
+Peers: cuDNN frontend 1.32.0 packed by ../shared/device/pack-cudnn-fe.sh (source .device/extra/unpack.sh); a
+peer that is missing or fails prints its error in the notes and leaves its column empty.
+
+Run:  python bench/dsa_indexer.py [--quick] [--iters N] [--csv PATH]
+"""
+import argparse
+import csv
+import datetime
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
+from timing import device_time  # noqa: E402
+
+DEV = "cuda"
+
+
+def topk_seam():
+    try:
+        from ops.dsa.topk.fwd import topk_fwd
+        return topk_fwd
+    except ImportError:
+        return None
+
+
+def cudnn_dsa():
+    try:
+        import importlib
+        return importlib.import_module("cudnn.deepseek_sparse_attention")
+    except Exception as e:  # noqa: BLE001
+        print(f"# cuDNN frontend not available: {type(e).__name__}: {e}")
+        return None
+
+
+def visible_pairs(sq, sk):
+    return sum(min(t + 1, sk) for t in range(sq)) if sq <= 65536 else sq * sk // 2
+
+
+def eager_scores(q, k, w, chunk=4096):
+    """torch eager: per head bf16 matmul, relu, fp32 weighted sum; causal -inf; chunked over query rows."""
+    B, S, H, _ = q.shape
+    Sk = k.shape[1]
+    out = torch.empty(B, S, Sk, device=q.device)
+    j = torch.arange(Sk, device=q.device)
+    for b in range(B):
+        for r0 in range(0, S, chunk):
+            r1 = min(S, r0 + chunk)
+            acc = torch.zeros(r1 - r0, Sk, device=q.device)
+            for h in range(H):
+                acc += w[b, r0:r1, h, None] * torch.relu(q[b, r0:r1, h] @ k[b].T).float()
+            t = torch.arange(r0, r1, device=q.device)
+            out[b, r0:r1] = acc.masked_fill(j[None, :] > t[:, None], float("-inf"))
+    return out
+
+
+def inputs(S, H, D=128, B=1):
+    g = torch.Generator(device=DEV).manual_seed(S + H)
+    q = torch.randn(B, S, H, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(B, S, D, device=DEV, generator=g).bfloat16()
+    w = torch.randn(B, S, H, device=DEV, generator=g) * H ** -0.5
+    return q, k, w
+
+
+def time_or_note(fn, iters, notes, name):
+    try:
+        t, hb = device_time(fn, iters)
+        if hb:
+            notes.append(f"{name}: host-bound")
+        return t
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"{name}: {type(e).__name__}: {str(e)[:160]}")
+        return None
+
+
+def bench_indexer(S, H, iters, dsa, with_lse, notes):
+    q, k, w = inputs(S, H)
+    s = torch.empty(1, S, S, device=DEV)
+    lse = torch.empty(1, S, device=DEV) if with_lse else None
+    st = torch.cuda.current_stream().cuda_stream
+    res = {"ours": time_or_note(lambda: indexer_fwd(q, k, w, s, lse, causal=True, stream=st), iters, notes, "ours")}
+    if dsa is not None:
+        k4 = k.unsqueeze(2)
+        if with_lse:
+            fn = lambda: dsa.dense_indexer_score_recompute_wrapper(q, k4, w, ratio=1)  # noqa: E731
+        else:
+            fn = lambda: dsa.indexer_forward_wrapper(q, k4, w, ratio=1)  # noqa: E731
+        res["cudnn"] = time_or_note(fn, iters, notes, "cudnn")
+    res["eager"] = time_or_note(lambda: eager_scores(q, k, w), max(2, iters // 5), notes, "eager")
+    return res, 2.0 * H * 128 * visible_pairs(S, S)
+
+
+def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
+    q, k, w = inputs(S, H)
+    s = torch.empty(1, S, S, device=DEV)
+    idx = torch.empty(1, S, K, dtype=torch.int32, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    res = {}
+    if topk_fwd is not None:
+        def ours():
+            indexer_fwd(q, k, w, s, None, causal=True, stream=st)
+            topk_fwd(s, idx, stream=st)
+        res["ours"] = time_or_note(ours, iters, notes, "ours")
+        res["ours_topk"] = time_or_note(lambda: topk_fwd(s, idx, stream=st), iters, notes, "ours top-k")
+    else:
+        notes.append("ours: no top-k kernel")
+    if dsa is not None:
+        k4 = k.unsqueeze(2)
+        lens = torch.arange(1, S + 1, dtype=torch.int32, device=DEV)
+
+        def cudnn_both():
+            sc = dsa.indexer_forward_wrapper(q, k4, w, ratio=1)["scores"]
+            dsa.indexer_top_k_wrapper(sc.view(S, S), lens, K, return_val=False)
+        res["cudnn"] = time_or_note(cudnn_both, iters, notes, "cudnn")
+        indexer_fwd(q, k, w, s, None, causal=True, stream=st)
+        res["cudnn_topk"] = time_or_note(lambda: dsa.indexer_top_k_wrapper(s.view(S, S), lens, K, return_val=False),
+                                         iters, notes, "cudnn top-k")
+    res["eager"] = time_or_note(lambda: torch.topk(eager_scores(q, k, w), K, dim=-1), 2, notes, "eager")
+    res["eager_topk"] = time_or_note(lambda: torch.topk(s, K, dim=-1), max(2, iters // 3), notes, "eager top-k")
+    return res, 2.0 * H * 128 * visible_pairs(S, S)
+
+
+def fmt(x, w=8, p=2):
+    return f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
+
+
+def main(a):
+    dsa = cudnn_dsa()
+    topk_fwd = topk_seam()
+    rows = []
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"# DSA indexer bench, {torch.cuda.get_device_name()}, {when}")
+    for name, with_lse in (("indexer fwd 8K H64", False), ("idx recompute 8K H64", True)):
+        notes = []
+        res, flops = bench_indexer(8192, 64, a.iters, dsa, with_lse, notes)
+        rows.append((name, res, flops, notes))
+    if not a.quick:
+        notes = []
+        res, flops = bench_indexer_topk(32768, 32, 2048, a.iters, dsa, topk_fwd, notes)
+        rows.append(("indexer+top-k 32K H32 k2048", res, flops, notes))
+    print("\n# table (ms; TFLOP/s of the indexer FLOPs; ratio = peer time / ours)")
+    print(f"{'case':30s} {'ours ms':>8s} {'cuDNN ms':>8s} {'eager ms':>8s} {'ours TF':>8s} {'cuDNN TF':>8s} "
+          f"{'x cuDNN':>8s} {'x eager':>8s}")
+    out = []
+    for name, res, flops, notes in rows:
+        o, c, e = res.get("ours"), res.get("cudnn"), res.get("eager")
+        tf = lambda t: None if t is None else flops / t / 1e12  # noqa: E731
+        ms = lambda t: None if t is None else t * 1e3  # noqa: E731
+        ratio = lambda p: None if (p is None or o is None) else p / o  # noqa: E731
+        print(f"{name:30s} {fmt(ms(o))} {fmt(ms(c))} {fmt(ms(e))} {fmt(tf(o), p=0)} {fmt(tf(c), p=0)} "
+              f"{fmt(ratio(c))} {fmt(ratio(e))}")
+        if "ours_topk" in res or "cudnn_topk" in res:
+            ot, ct, et = res.get("ours_topk"), res.get("cudnn_topk"), res.get("eager_topk")
+            gbs = lambda t: None if t is None else 32768 * 32768 * 4 / t / 1e9  # noqa: E731
+            print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
+                  f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
+                  f"{fmt(None if ot is None or et is None else et / ot)}")
+        for n in notes:
+            print(f"    note: {n}")
+        for impl, t in res.items():
+            out.append({"case": name, "impl": impl, "ms": None if t is None else round(t * 1e3, 4),
+                        "tflops": None if t is None or impl.endswith("topk") else round(flops / t / 1e12, 1)})
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=("case", "impl", "ms", "tflops"))
+            wr.writeheader()
+            wr.writerows(out)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="8K rows only")
+    p.add_argument("--csv", default=None)
+    main(p.parse_args())
