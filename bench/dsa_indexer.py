@@ -7,6 +7,10 @@ Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
   indexer + top-k  B1 32K x 32K, 32 heads, k = 2048: scores then top-k   (cuDNN indexer_forward_wrapper +
                    indexer_top_k_wrapper; torch eager: head loop + torch.topk)
   top-k            32K rows x 32K fp32 scores (our indexer's output), k = 2048
+  attn recompute   B1 Sq = Sk = 8K, 128 heads, Dqk 576: scores + l1norm  (cuDNN dense_attn_score_recompute_wrapper)
+  sparse idx rec.  B1 Sq 4K, Sk 8K, top-k 2048, 64 heads, Di 128: scores + lse (cuDNN
+                   sparse_indexer_score_recompute_wrapper); FLOPs 2 * Sq * topk * H * D
+  sparse attn rec. the same slots, 128 heads, Dqk 576: scores + l1norm   (cuDNN sparse_attn_score_recompute_wrapper)
 FLOPs: 2 * H * D * (visible (query, key) pairs), about half of Sq * Sk when causal (the count cuDNN's 470 TFLOP/s
 at 1.17 ms uses). Top-k: GB/s of the score bytes read once.
 Timing: bench/timing.device_time (median device time of one call, CUDA events, host queued ahead).
@@ -27,7 +31,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from ops.dsa.attn_score.dense import dense_attn_score_fwd  # noqa: E402
+from ops.dsa.attn_score.sparse import sparse_attn_score_fwd  # noqa: E402
 from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
+from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
 DEV = "cuda"
@@ -98,13 +105,79 @@ def bench_indexer(S, H, iters, dsa, with_lse, notes):
     res = {"ours": time_or_note(lambda: indexer_fwd(q, k, w, s, lse, causal=True, stream=st), iters, notes, "ours")}
     if dsa is not None:
         k4 = k.unsqueeze(2)
-        if with_lse:
-            fn = lambda: dsa.dense_indexer_score_recompute_wrapper(q, k4, w, ratio=1)  # noqa: E731
+        if with_lse:   # (its sm90 recompute takes bf16 weights only)
+            wb = w.bfloat16()
+            fn = lambda: dsa.dense_indexer_score_recompute_wrapper(q, k4, wb, ratio=1)  # noqa: E731
         else:
             fn = lambda: dsa.indexer_forward_wrapper(q, k4, w, ratio=1)  # noqa: E731
         res["cudnn"] = time_or_note(fn, iters, notes, "cudnn")
     res["eager"] = time_or_note(lambda: eager_scores(q, k, w), max(2, iters // 5), notes, "eager")
     return res, 2.0 * H * 128 * visible_pairs(S, S)
+
+
+def eager_attn_scores(q, kv, lse, scale, chunk=2048):
+    """torch eager: per head bf16 matmul, fp32 clamped exp, head sum; causal 0; chunked over query rows."""
+    B, S, H, _ = q.shape
+    j = torch.arange(S, device=q.device)
+    out = torch.empty(B, S, S, device=q.device)
+    for r0 in range(0, S, chunk):
+        r1 = min(S, r0 + chunk)
+        acc = torch.zeros(r1 - r0, S, device=q.device)
+        for h in range(H):
+            acc += torch.exp(torch.clamp(scale * (q[0, r0:r1, h] @ kv[0].T).float() - lse[0, h, r0:r1, None],
+                                         max=83.17))
+        t = torch.arange(r0, r1, device=q.device)
+        out[0, r0:r1] = acc.masked_fill(j[None, :] > t[:, None], 0.0)
+    return out, out.sum(-1)
+
+
+def bench_attn_score(S, H, D, iters, dsa, notes):
+    g = torch.Generator(device=DEV).manual_seed(S + H + D)
+    q = torch.randn(1, S, H, D, device=DEV, generator=g).bfloat16()
+    kv = torch.randn(1, S, D, device=DEV, generator=g).bfloat16()
+    lse = torch.randn(1, H, S, device=DEV, generator=g) + 10.0
+    scale = D ** -0.5
+    a = torch.empty(1, S, S, device=DEV)
+    l1 = torch.empty(1, S, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    res = {"ours": time_or_note(lambda: dense_attn_score_fwd(q, kv, lse, a, l1, softmax_scale=scale, stream=st),
+                                iters, notes, "ours")}
+    if dsa is not None:
+        kv4 = kv.unsqueeze(2)
+        lse_bsh = lse.transpose(1, 2).contiguous()     # its lse layout is [B, Sq, H]
+        res["cudnn"] = time_or_note(lambda: dsa.dense_attn_score_recompute_wrapper(q, kv4, lse_bsh, scale, ratio=1),
+                                    iters, notes, "cudnn")
+    res["eager"] = time_or_note(lambda: eager_attn_scores(q, kv, lse, scale), 2, notes, "eager")
+    return res, 2.0 * H * D * visible_pairs(S, S)
+
+
+def bench_sparse(kind, Sq, Sk, K, H, D, iters, dsa, notes):
+    g = torch.Generator(device=DEV).manual_seed(Sq + K + H)
+    q = torch.randn(1, Sq, H, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(1, Sk, D, device=DEV, generator=g).bfloat16()
+    idx = torch.randint(0, Sk, (1, Sq, K), device=DEV, dtype=torch.int32, generator=g)
+    s = torch.empty(1, Sq, K, device=DEV)
+    stat = torch.empty(1, Sq, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    k4 = k.unsqueeze(2)
+    if kind == "indexer":
+        w = torch.randn(1, Sq, H, device=DEV, generator=g) * H ** -0.5
+        res = {"ours": time_or_note(lambda: sparse_indexer_fwd(q, k, w, idx, s, stat, stream=st), iters, notes,
+                                    "ours")}
+        if dsa is not None:
+            wb = w.bfloat16()
+            res["cudnn"] = time_or_note(lambda: dsa.sparse_indexer_score_recompute_wrapper(q, k4, wb, idx), iters,
+                                        notes, "cudnn")
+    else:
+        lse = torch.randn(1, H, Sq, device=DEV, generator=g) + 10.0
+        scale = D ** -0.5
+        res = {"ours": time_or_note(lambda: sparse_attn_score_fwd(q, k, lse, idx, s, stat, softmax_scale=scale,
+                                                                  stream=st), iters, notes, "ours")}
+        if dsa is not None:
+            lse_bsh = lse.transpose(1, 2).contiguous()
+            res["cudnn"] = time_or_note(lambda: dsa.sparse_attn_score_recompute_wrapper(q, k4, lse_bsh, idx, scale),
+                                        iters, notes, "cudnn")
+    return res, 2.0 * Sq * K * H * D
 
 
 def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
@@ -150,6 +223,14 @@ def main(a):
     for name, with_lse in (("indexer fwd 8K H64", False), ("idx recompute 8K H64", True)):
         notes = []
         res, flops = bench_indexer(8192, 64, a.iters, dsa, with_lse, notes)
+        rows.append((name, res, flops, notes))
+    notes = []
+    res, flops = bench_attn_score(8192, 128, 576, a.iters, dsa, notes)
+    rows.append(("attn recompute 8K H128 576", res, flops, notes))
+    for kind, H, D, name in (("indexer", 64, 128, "sparse idx rec. 4K/8K k2048 H64"),
+                             ("attn", 128, 576, "sparse attn rec. 4K/8K k2048 H128")):
+        notes = []
+        res, flops = bench_sparse(kind, 4096, 8192, 2048, H, D, a.iters, dsa, notes)
         rows.append((name, res, flops, notes))
     if not a.quick:
         notes = []

@@ -8,6 +8,8 @@ Dense layouts: index_q [B,Sq,H,D], index_k [B,Sk,D], weights [B,Sq,H] -> scores 
 THD: [Tq,H,D], [Tk,D], [Tq,H] + cu_seqlens -> scores [Tq,W] (columns local, -inf past the row's keys and on
 rows at or past cu_seqlens_q[-1]), lse [Tq] (0 on rows that see no key).
 """
+import math
+
 import torch
 
 
@@ -60,6 +62,146 @@ def indexer_scores(q, k, w, *, causal=True, ratio=1, q_offsets=None, cu_q=None, 
             lim = limits(qb - qa, kb - ka, off, causal, ratio, dev)
             s[qa:qb, :kb - ka] = _segment(q[qa:qb], k[ka:kb], w[qa:qb], lim, dtype)
         return s, row_lse(s)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+EXP_MAX = 120.0 * math.log(2.0)
+EXP_MIN = -126.0 * math.log(2.0)
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _attn_segment(q, kv, lse, scale, lim, dtype):
+    """q [S,H,D], kv [Sk,D], lse [H,S] -> (scores [S,Sk], l1 [S]) in dtype: sum_h exp(clamp(scale q.k - lse))."""
+    qd, kd, ld = q.to(dtype), kv.to(dtype), lse.to(dtype)
+    a = torch.zeros(q.shape[0], kv.shape[0], dtype=dtype, device=q.device)
+    for h in range(q.shape[1]):
+        arg = torch.clamp(scale * (qd[:, h] @ kd.T) - ld[h, :, None], max=EXP_MAX)
+        a += torch.where(arg < EXP_MIN, torch.zeros_like(arg), torch.exp(arg))
+    j = torch.arange(kv.shape[0], device=q.device)
+    a = a.masked_fill(j[None, :] >= lim[:, None], 0.0)
+    return a, torch.clamp(a.sum(-1), max=FLT_MAX)
+
+
+def attn_scores(q, kv, lse, scale, *, causal=True, ratio=1, q_offsets=None, cu_q=None, cu_k=None, width=None,
+                dtype=torch.float64):
+    """(attn_score, attn_l1norm) in dtype. Dense q [B,Sq,H,D], kv [B,Sk,D], lse [B,H,Sq]; THD [Tq,H,D], [Tk,D],
+    lse [H,Tq], scores [Tq,W] (0 past the row's keys and on rows past cu_seqlens_q[-1])."""
+    dev = q.device
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if cu_q is None:
+            B, Sq = q.shape[:2]
+            Sk = kv.shape[1]
+            a = torch.empty(B, Sq, Sk, dtype=dtype, device=dev)
+            l1 = torch.empty(B, Sq, dtype=dtype, device=dev)
+            for b in range(B):
+                off = 0 if q_offsets is None else int(q_offsets[b])
+                a[b], l1[b] = _attn_segment(q[b], kv[b], lse[b], scale, limits(Sq, Sk, off, causal, ratio, dev), dtype)
+            return a, l1
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        a = torch.zeros(q.shape[0], width, dtype=dtype, device=dev)
+        l1 = torch.zeros(q.shape[0], dtype=dtype, device=dev)
+        for b in range(len(cq) - 1):
+            qa, qb, ka, kb = cq[b], cq[b + 1], ck[b], ck[b + 1]
+            if qb == qa:
+                continue
+            off = 0 if q_offsets is None else int(q_offsets[b])
+            lim = limits(qb - qa, kb - ka, off, causal, ratio, dev)
+            a[qa:qb, :kb - ka], l1[qa:qb] = _attn_segment(q[qa:qb], kv[ka:kb], lse[:, qa:qb], scale, lim, dtype)
+        return a, l1
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def true_lse(q, kv, scale, *, causal=True, ratio=1, q_offsets=None):
+    """Dense [B,H,Sq] float32 logsumexp of scale * q . kv over the indexer-visible keys (the attention's own lse,
+    so the recomputed probabilities are <= 1); -inf for a row that sees no key."""
+    B, Sq, H, _ = q.shape
+    Sk = kv.shape[1]
+    out = torch.empty(B, H, Sq, device=q.device)
+    j = torch.arange(Sk, device=q.device)
+    for b in range(B):
+        off = 0 if q_offsets is None else int(q_offsets[b])
+        lim = limits(Sq, Sk, off, causal, ratio, q.device)
+        for h in range(H):
+            s = scale * (q[b, :, h].double() @ kv[b].double().T)
+            out[b, h] = torch.logsumexp(s.masked_fill(j[None, :] >= lim[:, None], float("-inf")), -1).float()
+    return out
+
+
+def slot_rows(idx, topk_length=None, cu_q=None, cu_k=None, sk=None):
+    """Token-major (valid [T,K], global key row [T,K]) of top-k slots: dense idx [B,Sq,K] with sk keys per batch
+    (global row b * sk + idx), THD idx [Tq,K] local to the row's sequence (rows past cu_q[-1] all invalid)."""
+    if cu_q is None:
+        B, Sq, K = idx.shape
+        base = (torch.arange(B, device=idx.device) * sk).view(B, 1, 1).expand(B, Sq, 1).reshape(-1, 1)
+        ks = torch.full((B * Sq, 1), sk, device=idx.device)
+        flat = idx.reshape(-1, K).long()
+        tl = None if topk_length is None else topk_length.reshape(-1, 1)
+    else:
+        T, K = idx.shape
+        seg = torch.searchsorted(cu_q.long(), torch.arange(T, device=idx.device), right=True) - 1
+        inside = torch.arange(T, device=idx.device) < cu_q[-1]
+        seg = seg.clamp(0, len(cu_q) - 2)
+        base = cu_k.long()[seg].view(-1, 1)
+        ks = torch.where(inside, (cu_k[1:] - cu_k[:-1]).long()[seg], torch.zeros_like(seg)).view(-1, 1)
+        flat = idx.long()
+        tl = None if topk_length is None else topk_length.view(-1, 1)
+    valid = (flat >= 0) & (flat < ks)
+    if tl is not None:
+        valid &= torch.arange(flat.shape[1], device=idx.device)[None, :] < tl
+    return valid, torch.where(valid, base + flat, torch.zeros_like(flat))
+
+
+def _gathered(q_rows, k_rows, grow, dtype, fn, chunk=64):
+    """sum_h fn(q[t,h] . k[grow[t,s]], t, h) over row chunks: [T, K] in dtype."""
+    T, H, _ = q_rows.shape
+    out = torch.zeros(T, grow.shape[1], dtype=dtype, device=q_rows.device)
+    for r0 in range(0, T, chunk):
+        r1 = min(T, r0 + chunk)
+        kg = k_rows.to(dtype)[grow[r0:r1]]                      # [R, K, D]
+        x = torch.einsum("rhd,rkd->rhk", q_rows[r0:r1].to(dtype), kg)
+        out[r0:r1] = fn(x, r0, r1).sum(1)
+    return out
+
+
+def sparse_indexer_scores(q, k, w, idx, *, topk_length=None, cu_q=None, cu_k=None, dtype=torch.float64):
+    """(index_score, index_lse) in dtype over the top-k slots; -inf / 0 conventions of docs/dsa.md."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dense = cu_q is None
+        valid, grow = slot_rows(idx, topk_length, cu_q, cu_k, None if not dense else k.shape[1])
+        qr = q.reshape(-1, *q.shape[-2:])
+        kr = k.reshape(-1, k.shape[-1])
+        wr = w.reshape(-1, w.shape[-1]).to(dtype)
+        s = _gathered(qr, kr, grow, dtype, lambda x, a, b: wr[a:b, :, None] * torch.relu(x))
+        s = s.masked_fill(~valid, float("-inf"))
+        lse = row_lse(s)
+        return s.reshape(idx.shape), lse.reshape(idx.shape[:-1])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def sparse_attn_scores(q, kv, lse, scale, idx, *, topk_length=None, cu_q=None, cu_k=None, dtype=torch.float64):
+    """(attn_score, attn_l1norm) in dtype over the top-k slots; lse [B,H,Sq] / THD [H,Tq]."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dense = cu_q is None
+        valid, grow = slot_rows(idx, topk_length, cu_q, cu_k, None if not dense else kv.shape[1])
+        qr = q.reshape(-1, *q.shape[-2:])
+        kr = kv.reshape(-1, kv.shape[-1])
+        lr = (lse.permute(0, 2, 1).reshape(-1, lse.shape[1]) if dense else lse.T).to(dtype)   # [T, H]
+
+        def term(x, a, b):
+            arg = torch.clamp(scale * x - lr[a:b, :, None], max=EXP_MAX)
+            return torch.where(arg < EXP_MIN, torch.zeros_like(arg), torch.exp(arg))
+        s = _gathered(qr, kr, grow, dtype, term).masked_fill(~valid, 0.0)
+        l1 = torch.clamp(s.sum(-1), max=FLT_MAX)
+        return s.reshape(idx.shape), l1.reshape(idx.shape[:-1])
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
 

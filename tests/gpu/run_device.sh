@@ -3,7 +3,9 @@
 # 1) pytest on every tests/gpu/test_*.py (junit per file), 2) compute-sanitizer racecheck + memcheck on every
 # tests/gpu/sanitize_*.py, 3) optional benchmark (RUN_BENCH=1): bench/flash_attention.py, forward and backward vs
 # SDPA FLASH/cuDNN and FlashAttention-4 when it is packed (.device/whl), CSV + SVG plot to $OUT, 4) a short summary.
-# Logs go to $OUT (or /tmp/gpu_out when OUT is unset); a test may write $OUT/<test file>.table, printed after it.
+# Logs go to $OUT (or /tmp/gpu_out when OUT is unset): one log per test file (JUNIT=1 adds junit XML), all sanitizer
+# output in sanitize.log (a device call brings back at most 8 files); a test may write $OUT/<test file>.table.
+# PYTEST_ARGS is passed to every pytest run (e.g. "--timeout=60", pytest-timeout is on the device).
 # Knobs: GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
 # bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
@@ -26,8 +28,11 @@ for t in $TESTS; do
   name=$(basename "$t" .py)
   start=$(date +%s)
   rm -f "$OUT/$name.table"
-  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$t" --junitxml="$OUT/$name.xml" \
-    > "$OUT/$name.log" 2>&1
+  junit=()
+  [ "${JUNIT:-0}" = "1" ] && junit=(--junitxml="$OUT/$name.xml")
+  # shellcheck disable=SC2086
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$t" "${junit[@]}" \
+    ${PYTEST_ARGS:-} > "$OUT/$name.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
   summ=$(tail -1 "$OUT/$name.log")
@@ -44,10 +49,12 @@ for s in $SANS; do
   name=$(basename "$s" .py)
   for tool in racecheck memcheck; do
     start=$(date +%s)
-    timeout "${SAN_TIMEOUT:-240}" $SAN --tool $tool --error-exitcode 9 python3 "$s" > "$OUT/${name}_$tool.log" 2>&1
+    log=/tmp/${name}_$tool.log
+    timeout "${SAN_TIMEOUT:-240}" $SAN --tool $tool --error-exitcode 9 python3 "$s" > "$log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
-    summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$OUT/${name}_$tool.log" | tail -1)
+    { echo "==== $name $tool rc=$rc ${secs}s"; head -c 200000 "$log"; } >> "$OUT/sanitize.log"   # one file for all
+    summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$log" | tail -1)
     ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name:$tool" "$rc" "$secs" "$summ")")
   done
 done

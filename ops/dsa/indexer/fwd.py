@@ -13,7 +13,7 @@ element is written here (docs/dsa.md: -inf where a key is not visible, lse 0 for
 Heads H and head_dim D come from ops/dsa/supported.py. index_q's (row, head) axes must be mergeable (the head
 axis dense, as in any contiguous tensor): the kernel loads 256 (query, head) rows as one TMA tile.
 Variants are compiled once per (D, H, weight dtype, varlen, with lse, with q_offsets); shapes, strides, causal and
-ratio are runtime values.
+ratio are runtime values. Kernel: score_sm90.py on ops/common/head_sum_sm90.py; checks: ops/common/head_sum_host.py.
 """
 import os
 
@@ -22,13 +22,7 @@ from .. import supported
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 _CACHE = {}
-
-
-def _lazy():
-    import cutlass
-    import cutlass.cute as cute
-    from . import score_sm90
-    return cutlass, cute, score_sm90
+N_COLS = 256        # score_sm90.N_COLS
 
 
 def variant_key(head_dim, heads, w_dtype, varlen, with_lse, has_offsets):
@@ -41,118 +35,43 @@ def all_variant_keys():
 
 
 def fake_args(key):
-    """Stand-in arguments (dynamic shapes and strides) under the layout rules the seam checks before a launch."""
-    cutlass, cute, _ = _lazy()
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    import cutlass
+    from ...common.head_sum_host import fake_args as head_sum_fake_args
     D, H, w_name, varlen, with_lse, has_off = key
-    bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-    wdt = {"bfloat16": bf16, "float32": f32}[w_name]
-
-    def t(dtype, shape, divisibility, align):
-        shape = tuple(cute.sym_int() if s is None else s for s in shape)
-        stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in shape[:-1]) + (1,)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
-
-    lead = (None,) if varlen else (None, None)
-    q = t(bf16, lead + (H, D), 8, 16)
-    k = t(bf16, lead + (D,), 8, 16)
-    w = t(wdt, lead + (H,), 1, 4 if w_name == "float32" else 2)
-    s = t(f32, lead + (None,), 1, 4)
-    lse = t(f32, lead, 1, 4) if with_lse else None
-    off = make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4) if has_off else None
-    cu = (lambda: make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4)) if varlen else (lambda: None)
-    return (q, k, w, s, lse, off, cu(), cu(), i32(1), i32(1), i32(1), make_fake_stream())
+    wdt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[w_name]
+    w_shape = ((None,) if varlen else (None, None)) + (H,)
+    return head_sum_fake_args(D, H, varlen, wdt, w_shape, with_lse, has_off)
 
 
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        cutlass, cute, mod = _lazy()
+        import cutlass.cute as cute
         from ...common.tensors import COMPILE_OPTIONS
-        D, H, w_name, varlen, with_lse, has_off = key
-        wdt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[w_name]
-        kern = mod.IndexerScoreSm90(D, H, wdt, varlen, with_lse, has_off)
-        fn = cute.compile(kern, *fake_args(key), options=COMPILE_OPTIONS)
+        from .score_sm90 import IndexerScoreSm90
+        D, H, _, varlen, with_lse, has_off = key
+        fn = cute.compile(IndexerScoreSm90(D, H, varlen, with_lse, has_off), *fake_args(key), options=COMPILE_OPTIONS)
         _CACHE[key] = fn
     return fn
 
 
 def indexer_fwd(index_q, index_k, weights, scores, lse=None, *, causal=True, ratio=1, q_offsets=None,
                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, stream=0):
-    from ...common.tensors import arg_tensor, cu_seqlens_pair, stream_handle
+    from ...common.head_sum_host import HeadSumCall
+    from ...common.tensors import arg_tensor
 
-    varlen = cu_seqlens_q is not None
-    if varlen != (cu_seqlens_k is not None):
-        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
-    at = {n: arg_tensor(x, n) for n, x in (("index_q", index_q), ("index_k", index_k), ("weights", weights),
-                                           ("scores", scores))}
-    if lse is not None:
-        at["lse"] = arg_tensor(lse, "lse")
-    if q_offsets is not None:
-        at["q_offsets"] = arg_tensor(q_offsets, "q_offsets")
-    q, k, w, s = at["index_q"], at["index_k"], at["weights"], at["scores"]
-    q.require_dtype(*supported.INDEX_DTYPES)
-    k.require_dtype(q.dtype)
-    w.require_dtype(*supported.WEIGHT_DTYPES)
-    s.require_dtype("float32")
-    nd = 3 if varlen else 4
-    if len(q.shape) != nd or len(k.shape) != nd - 1:
-        raise ValueError(f"index_q/index_k: expected ranks {nd}/{nd - 1} ({'THD' if varlen else 'BSHD'}), got shapes "
-                         f"{q.shape} and {k.shape}")
-    H, D = q.shape[-2], q.shape[-1]
+    call = HeadSumCall(("index_q", "index_k", "scores", "lse"), index_q, index_k, scores, lse, q_offsets,
+                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ratio)
+    H, D = call.heads, call.head_dim
     if D not in supported.INDEX_HEAD_DIMS:
         raise ValueError(f"index_q: head_dim {D} not supported (supported: {supported.INDEX_HEAD_DIMS})")
     if H not in supported.INDEX_HEADS:
         raise ValueError(f"index_q: {H} index heads not supported (supported: {supported.INDEX_HEADS})")
-    if k.shape[-1] != D:
-        raise ValueError(f"index_k: head_dim {k.shape[-1]} differs from index_q's {D}")
-    rows = q.shape[:-2]
-    if w.shape != rows + (H,):
-        raise ValueError(f"weights: expected shape {rows + (H,)}, got {w.shape}")
-    if varlen:
-        at["cu_seqlens_q"], at["cu_seqlens_k"], batch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
-        if len(s.shape) != 2 or s.shape[0] != rows[0]:
-            raise ValueError(f"scores: expected shape ({rows[0]}, W), got {s.shape}")
-        stat_shape = rows
-        grid_rows = int(max_seqlen_q)
-        if grid_rows < 0:
-            raise ValueError(f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
-    else:
-        batch, Sq, Sk = rows[0], rows[1], k.shape[1]
-        if k.shape[0] != batch:
-            raise ValueError(f"index_k: batch {k.shape[0]} differs from index_q's {batch}")
-        if s.shape != (batch, Sq, Sk):
-            raise ValueError(f"scores: expected shape {(batch, Sq, Sk)}, got {s.shape}")
-        stat_shape = (batch, Sq)
-        grid_rows = Sq
-    if lse is not None and at["lse"].shape != stat_shape:
-        raise ValueError(f"lse: expected shape {stat_shape}, got {at['lse'].shape}")
-    if q_offsets is not None:
-        off = at["q_offsets"]
-        if off.dtype != "int32" or off.shape != (batch,):
-            raise ValueError(f"q_offsets: expected int32 [{batch}], got {off.dtype} {off.shape}")
-        off.require_inner_contiguous(4)
-    ratio = int(ratio)
-    if ratio < 1:
-        raise ValueError(f"ratio must be >= 1, got {ratio}")
-    if rows[0] == 0 or (not varlen and rows[1] == 0) or s.shape[-1] == 0:
-        return                                   # nothing to write
-    if k.shape[0] == 0 or (not varlen and k.shape[1] == 0):
-        raise ValueError("index_k: zero keys cannot be loaded by TMA (the caller writes the empty-key result)")
-    q.require_tma()
-    k.require_tma()
-    if q.strides[-3] != H * q.strides[-2]:
-        raise ValueError(f"index_q: the (row, head) axes must be mergeable (row stride == heads x head stride), got "
-                         f"strides {q.strides}")
+    w = arg_tensor(weights, "weights").require_dtype(*supported.WEIGHT_DTYPES)
+    if w.shape != call.rows + (H,):
+        raise ValueError(f"weights: expected shape {call.rows + (H,)}, got {w.shape}")
+    if call.empty:
+        return
     w.require_inner_contiguous(w.bits // 8)
-    s.require_inner_contiguous(4)
-    if lse is not None:
-        at["lse"].require_inner_contiguous(4)
-
-    key = variant_key(D, H, w.dtype, varlen, lse is not None, q_offsets is not None)
-    fn = compile_variant(key)
-    qt = 256 // H
-    grid_x = max(1, -(-grid_rows // qt))
-    opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
-    fn(q.ffi, k.ffi, w.ffi, s.ffi, opt("lse"), opt("q_offsets"), opt("cu_seqlens_q"), opt("cu_seqlens_k"),
-       1 if causal else 0, ratio, grid_x, stream_handle(stream))
+    fn = compile_variant(variant_key(D, H, w.dtype, call.varlen, lse is not None, q_offsets is not None))
+    call.launch(fn, w, N_COLS, 1.0, causal, ratio, stream)

@@ -1,0 +1,323 @@
+"""Head-summed scores over each query's own top-k keys for Hopper (sm_90a), CuTe DSL: the shared core of the
+sparse score recompute kernels (ops/dsa/indexer/sparse_sm90.py, ops/dsa/attn_score/sparse_sm90.py).
+
+Math (query row t with slots s = 0..K-1, gathered key rows k[idx[t, s]], heads h, per-(t, h) constant c[t, h]):
+
+    score[t, s] = sum_h f(q[t, h, :] . k[idx[t, s], :], c[t, h])    for a valid slot, MASK for an invalid one
+    valid slot  : 0 <= idx[t, s] < Sk (of the row's sequence) and s < topk_length[t] (when given)
+    stat[t]     = the subclass's row statistic over the valid slots (lse, sum)
+f, MASK, c and the statistic come from the epilogue mixin (the same ones the dense core uses). An invalid slot's
+key row is never loaded (its shared-memory rows keep whatever they held and its score is replaced by a select,
+never by arithmetic), so nothing reaches an output through it.
+
+Tiling. One CTA = one query row (all H heads: the B operand is the resident Q tile of N = H rows, K-major, one
+TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a block, streamed in chunks of DC
+columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
+  - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async
+    (rows: its slots' idx; invalid slots skipped), commits a cp.async group per chunk, and one chunk later (its
+    own group retired, cp.async.wait_group(1)) fences the async proxy (fence.proxy.async.shared::cta, its writes
+    become visible to wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's
+    wait orders every lane's stores, not only a fence).
+  - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2 (ring positions n * NC + c, the dense core's
+    schedule); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
+    the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity, store (lanes
+    quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
+    lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
+Layouts. Dense: q [B,Sq,H,D], k [B,Sk,D], idx int32 [B,Sq,K], topk_length int32 [B,Sq], scores fp32 [B,Sq,K],
+stat fp32 [B,Sq]. THD: q [Tq,H,D], k [Tk,D], idx [Tq,K] (local to the row's sequence), topk_length [Tq], scores
+[Tq,K], stat [Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide 32-ary search of
+cu_seqlens_q (no host data); rows at or past cu_seqlens_q[-1] get MASK scores and the empty statistic.
+"""
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from .softmax import acc_mn_view, quad_sum
+
+BK = 64
+NUM_THREADS = 384
+CONSUMER_WARPS = 8
+PIECE = 8            # bf16 elements per 16-byte cp.async
+
+
+class SparseHeadSumSm90:
+    """Base of one compiled variant; the epilogue mixin supplies MASK, STAT_EMPTY, column_value, element and
+    stat_init / stat_update / stat_merge / stat_final (the dense core's interface, with one owned query)."""
+
+    def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
+        assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
+        assert stages >= 2
+        self.D, self.H, self.DC, self.NC = head_dim, heads, chunk, head_dim // chunk
+        self.stages, self.varlen, self.has_length = stages, varlen, has_length
+        self.with_stat = True
+        self.dt = cutlass.BFloat16
+        self.pieces = BK * chunk // PIECE // 128      # cp.async pieces per producer thread per chunk
+
+    # ------------------------------------------------------------------------------------------ host (jit)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mC: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                 mS: cute.Tensor, mStat: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, scale: Float32,
+                 stream):
+        D, H, DC, dt = self.D, self.H, self.DC, self.dt
+        if cutlass.const_expr(self.varlen):
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D), stride=(mQ.stride[1], 1)))
+            k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[0], D, 1), stride=(mK.stride[0], 1, 0)))
+            grid = (mQ.shape[0], 1, 1)
+        else:
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
+                                                                 stride=(mQ.stride[2], 1, mQ.stride[0])))
+            k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[1], D, mK.shape[0]),
+                                                                 stride=(mK.stride[1], 1, mK.stride[0])))
+            grid = (mQ.shape[1], mQ.shape[0], 1)
+        mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                (1, 1, 1), tiler_mn=(BK, H))
+        mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                    (1, 1, 1), tiler_mn=(BK, H))
+        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BK, H, DC), dt, self.stages)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BK, H, D), dt, 1)
+        tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
+                                                cute.slice_(sQ_layout, (None, None, 0)), (H, D))
+        self.q_bytes = H * D * dt.width // 8
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            sC: cute.struct.MemRange[Float32, H]
+            sRed: cute.struct.MemRange[Float32, 2 * CONSUMER_WARPS]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_q, tQ, k_v, mC, mIdx, mLen, mS, mStat, mCuQ, mCuK, scale, mma, mma_acc, sQ_layout,
+                    sK_layout).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mKv: cute.Tensor, mC: cute.Tensor, mIdx: cute.Tensor,
+               mLen: cute.Tensor, mS: cute.Tensor, mStat: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+               scale: Float32, mma: cute.TiledMma, mma_acc: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, batch, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            n_seq = mCuQ.shape[0] - 1
+            if row >= mCuQ[n_seq]:
+                self.clear_row(mS, mStat, batch, row, tidx)
+            else:
+                b = self.find_sequence(mCuQ, n_seq, row, tidx % 32)
+                k_off = mCuK[b]
+                self.score_row(tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale, mma, mma_acc, sQ_layout,
+                               sK_layout, tidx, Int32(0), row, row, k_off, mCuK[b + 1] - k_off)
+        else:
+            self.score_row(tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale, mma, mma_acc, sQ_layout,
+                           sK_layout, tidx, batch, row, row, Int32(0), mKv.shape[0])
+
+    @cute.jit
+    def find_sequence(self, mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
+        """The b with cu[b] <= row < cu[b + 1] (row < cu[n_seq]): a warp-wide 32-ary search (every warp runs it)."""
+        lo = Int32(0)
+        hi = n_seq
+        while hi - lo > 1:
+            step = (hi - lo + 31) // 32
+            probe = lo + lane * step
+            v = mCu[cutlass.min(probe, hi - 1)]
+            ok = probe < hi and v <= row
+            n_ok = cute.arch.popc(cute.arch.vote_ballot_sync(ok))
+            lo = lo + (n_ok - 1) * step
+            hi = cutlass.min(lo + step, hi)
+        return lo
+
+    @cute.jit
+    def clear_row(self, mS: cute.Tensor, mStat: cute.Tensor, batch: Int32, row: Int32, tidx: Int32):
+        """A row with nothing to score: MASK in every slot, the empty statistic."""
+        for j in cutlass.range(tidx, self.width(mS), NUM_THREADS, unroll=1):
+            mS[self.out_coord(batch, row, j)] = Float32(self.MASK)
+        if tidx == 0:
+            mStat[self.stat_coord(batch, row)] = Float32(self.STAT_EMPTY)
+
+    def width(self, mS):
+        return mS.shape[1] if cutlass.const_expr(self.varlen) else mS.shape[2]
+
+    def out_coord(self, batch, row, j):
+        if cutlass.const_expr(self.varlen):
+            return (row, j)
+        return (batch, row, j)
+
+    def stat_coord(self, batch, row):
+        if cutlass.const_expr(self.varlen):
+            return row
+        return (batch, row)
+
+    @cute.jit
+    def slot_row(self, mIdx: cute.Tensor, mLen: cute.Tensor, batch: Int32, row: Int32, j: Int32, n_slots: Int32,
+                 seqlen_k: Int32):
+        """(valid, key index within the sequence) of slot j."""
+        valid = j < n_slots
+        kidx = Int32(0)
+        if valid:
+            kidx = mIdx[self.out_coord(batch, row, j)]
+            valid = kidx >= 0 and kidx < seqlen_k
+            if cutlass.const_expr(self.has_length):
+                valid = valid and j < mLen[self.stat_coord(batch, row)]
+        return valid, kidx
+
+    @cute.jit
+    def score_row(self, tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale: Float32, mma: cute.TiledMma,
+                  mma_acc: cute.TiledMma, sQ_layout, sK_layout, tidx: Int32, batch: Int32, row: Int32, q_row: Int32,
+                  k_off: Int32, seqlen_k: Int32):
+        D, H, DC, NC = self.D, self.H, self.DC, self.NC
+        n_slots = self.width(mS)
+        n_blk = (n_slots + BK - 1) // BK
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sC = storage.sC.get_tensor(cute.make_layout(H))
+        sRed = storage.sRed.get_tensor(cute.make_layout((2, CONSUMER_WARPS), stride=(CONSUMER_WARPS, 1)))
+        sQ2 = sQ[None, None, 0]
+        q_bar = storage.mbar_q.data_ptr()
+        if cutlass.const_expr(self.varlen):
+            gQr = tQ
+        else:
+            gQr = tQ[None, None, batch]
+        gQ = cute.local_tile(gQr, (H, D), (q_row, 0))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        pipe = pipeline.PipelineAsync.create(barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
+                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             defer_sync=True)
+        if tidx == 0:
+            cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if wg == 0:
+            # ---------------- producer warpgroup: Q by TMA (warp 0), key rows by cp.async (all 128 threads)
+            cute.arch.setmaxregister_decrease(40)
+            if warp == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
+                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+            if cutlass.const_expr(self.varlen):
+                gKv = mKv[None, None, 0]
+            else:
+                gKv = mKv[None, None, batch]
+            per_row = DC // PIECE
+            st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for n in cutlass.range(n_blk, unroll=1):
+                rows = cute.make_rmem_tensor((self.pieces,), Int32)      # gather row of each piece (-1: skip)
+                for p in cutlass.range_constexpr(self.pieces):
+                    slot_in_blk = (tidx + 128 * p) // per_row
+                    valid, kidx = self.slot_row(mIdx, mLen, batch, row, n * BK + slot_in_blk, n_slots, seqlen_k)
+                    rows[p] = Int32(cutlass.select_(valid, k_off + kidx, Int32(-1)))
+                for c in cutlass.range_constexpr(NC):
+                    pipe.producer_acquire(st)
+                    sKs = sK[None, None, st.index]
+                    for p in cutlass.range_constexpr(self.pieces):
+                        piece = tidx + 128 * p
+                        if rows[p] >= 0:
+                            # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
+                            src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
+                            dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
+                            cute.copy(atom, src, dst)
+                    cute.arch.cp_async_commit_group()
+                    prev = (st.index + self.stages - 1) % self.stages
+                    if cutlass.const_expr(c > 0):
+                        self.publish(pipe, prev, 1)     # the previous chunk, one group behind
+                    else:
+                        if n > 0:
+                            self.publish(pipe, prev, 1)
+                    st.advance()
+            self.publish(pipe, (st.index + self.stages - 1) % self.stages, 0)   # n_blk >= 1 (seam)
+        else:
+            # ---------------- consumer warpgroups (the dense core's schedule, one query)
+            cute.arch.setmaxregister_increase(232)
+            ctid = tidx - 128
+            cwg = wg - 1
+            lane = ctid % 32
+            quad = lane % 4
+            if ctid < H:
+                sC[ctid] = self.column_value(mC, batch, q_row, ctid)
+            pipeline.NamedBarrier(barrier_id=1, num_threads=256).arrive_and_wait()   # sC written by H threads
+
+            thr = mma.get_slice(ctid % 128)
+            tSrK = thr.make_fragment_A(thr.partition_A(sK))
+            tSrQ = thr.make_fragment_B(thr.partition_B(sQ2))
+            c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, H))))
+            mma.set(warpgroup.Field.ACCUMULATE, False)
+            mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+            kpc = DC // 16
+            stat = self.stat_init(1)
+
+            cute.arch.mbarrier_wait(q_bar, 0)
+            first = cwg * NC
+            st = pipeline.PipelineState(self.stages, first, first % self.stages, (first // self.stages) % 2)
+            for n in cutlass.range(cwg, n_blk, 2, unroll=1):
+                acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                st_rel = st.clone()
+                for c in cutlass.range_constexpr(NC):
+                    pipe.consumer_wait(st)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(kpc):
+                        cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
+                                  tSrQ[None, None, c * kpc + kb], acc)
+                    warpgroup.commit_group()
+                    st.advance()
+                    if cutlass.const_expr(c > 0):
+                        warpgroup.wait_group(1)
+                        pipe.consumer_release(st_rel)
+                        st_rel.advance()
+                warpgroup.wait_group(0)
+                pipe.consumer_release(st_rel)
+                st.advance(NC)
+                s_mn = acc_mn_view(acc)
+                sums = cute.make_rmem_tensor((2,), Float32)
+                sums.fill(0.0)
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    cv = sC[c_mn[0, c][1]]
+                    for r in cutlass.range_constexpr(2):
+                        sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
+                for r in cutlass.range_constexpr(2):
+                    j = n * BK + c_mn[r, 0][0]
+                    valid, kidx = self.slot_row(mIdx, mLen, batch, row, j, n_slots, seqlen_k)
+                    v = Float32(cutlass.select_(valid, quad_sum(sums[r]), Float32(self.MASK)))
+                    if quad == r:
+                        if j < n_slots:
+                            mS[self.out_coord(batch, row, j)] = v
+                    sums[r] = v
+                self.stat_update(stat, 0, sums[0], sums[1])
+            # statistic: lanes xor 4, 8, 16 (rows), then the 8 consumer warps
+            a, bb = stat[0, 0], stat[1, 0]
+            for off in cutlass.range_constexpr(3):
+                a, bb = self.stat_merge(a, bb, cute.arch.shuffle_sync_bfly(a, offset=4 << off),
+                                        cute.arch.shuffle_sync_bfly(bb, offset=4 << off))
+            if lane == 0:
+                sRed[0, ctid // 32] = a
+                sRed[1, ctid // 32] = bb
+            pipeline.NamedBarrier(barrier_id=2, num_threads=256).arrive_and_wait()   # sRed written by 8 warps
+            if ctid == 0:
+                a, bb = sRed[0, 0], sRed[1, 0]
+                for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+                    a, bb = self.stat_merge(a, bb, sRed[0, w], sRed[1, w])
+                mStat[self.stat_coord(batch, row)] = self.stat_final(a, bb)
+
+    @cute.jit
+    def publish(self, pipe, index: Int32, pending: cutlass.Constexpr):
+        """Ring buffer `index`'s cp.async group retired (this thread's: at most `pending` newer groups still in
+        flight), its writes fenced for the async proxy (wgmma), then this thread's arrival on the buffer's full
+        barrier (the barrier completes when all 128 writers arrived)."""
+        cute.arch.cp_async_wait_group(pending)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipe.producer_commit(pipeline.PipelineState(self.stages, Int32(0), index, Int32(0)))

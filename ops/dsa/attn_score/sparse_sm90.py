@@ -1,0 +1,18 @@
+"""Sparse attention-score recompute for Hopper (sm_90a), CuTe DSL: the clamped-exp head sum over each query's own
+top-k slots (ops/common/sparse_head_sum_sm90.py with AttnScoreEpilogue from dense_sm90.py).
+
+    attn_score[t, s] = sum_h 2^min(c q[t, h] . kv[idx[t, s]] - lse[h, t] log2 e, 120)   valid slots; 0 elsewhere
+    attn_l1norm[t]   = min(sum_s attn_score[t, s], FLT_MAX)
+Key rows (Dqk 576 or 512) gathered with cp.async in 64-column chunks through a ring of 8 x 8 KiB; the Q tile
+(H x Dqk, up to 144 KiB) resident; one query row per CTA.
+"""
+from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
+from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue
+
+
+class SparseAttnScoreSm90(AttnScoreEpilogue, SparseHeadSumSm90):
+    """One compiled variant: (Dqk, heads, varlen, has_length)."""
+
+    def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
+        assert head_dim in (512, 576) and heads in (64, 128), (head_dim, heads)
+        super().__init__(head_dim, heads, CHUNK, STAGES, varlen, has_length)

@@ -1,0 +1,19 @@
+"""Sparse indexer score recompute for Hopper (sm_90a), CuTe DSL: the indexer's relu * w head sum over each
+query's own top-k slots (ops/common/sparse_head_sum_sm90.py with IndexerEpilogue from score_sm90.py).
+
+    index_score[t, s] = sum_h w[t, h] * relu(q[t, h] . k[idx[t, s]])   valid slots; -inf at invalid ones
+    index_lse[t]      = ln sum_{valid s} exp(index_score[t, s])        0 for a row with no valid slot
+Key rows gathered with cp.async (D = 64 or 128 in one chunk), ring of 8 chunk buffers; one query row per CTA.
+"""
+from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
+from .score_sm90 import IndexerEpilogue
+
+STAGES = 8
+
+
+class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
+    """One compiled variant: (head_dim, heads, varlen, has_length); the weight dtype comes with mC."""
+
+    def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
+        assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
+        super().__init__(head_dim, heads, head_dim, STAGES, varlen, has_length)

@@ -1,0 +1,46 @@
+"""One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail)
+for compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN)."""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.attn_score.sparse import sparse_attn_score_fwd  # noqa: E402
+from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
+
+
+def main():
+    torch.manual_seed(0)
+    dev, nan = "cuda", float("nan")
+    stream = torch.cuda.current_stream().cuda_stream
+    outs = []
+    q = torch.randn(2, 3, 64, 128, device=dev).bfloat16()
+    k = torch.randn(2, 300, 128, device=dev).bfloat16()
+    w = torch.randn(2, 3, 64, device=dev)
+    idx = torch.randint(-1, 310, (2, 3, 200), device=dev, dtype=torch.int32)
+    tl = torch.randint(0, 220, (2, 3), device=dev, dtype=torch.int32)
+    s, st = torch.full(idx.shape, nan, device=dev), torch.full((2, 3), nan, device=dev)
+    sparse_indexer_fwd(q, k, w, idx, s, st, topk_length=tl, stream=stream)
+    outs += [s, st]
+    cu_q = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 100, 101, 180], dtype=torch.int32, device=dev)
+    qa = torch.randn(9, 128, 576, device=dev).bfloat16()
+    kva = torch.randn(190, 576, device=dev).bfloat16()
+    lse = torch.randn(128, 9, device=dev) + 6
+    ia = torch.randint(-1, 110, (9, 130), device=dev, dtype=torch.int32)
+    sa, la = torch.full(ia.shape, nan, device=dev), torch.full((9,), nan, device=dev)
+    sparse_attn_score_fwd(qa, kva, lse, ia, sa, la, softmax_scale=0.04, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                          stream=stream)
+    outs += [sa, la]
+    torch.cuda.synchronize()
+    bad = int(sum(torch.isnan(t).sum() for t in outs))
+    print("sanitize_dsa_sparse_scores: unwritten (NaN) elements:", bad)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
