@@ -5,7 +5,6 @@ No GPU here, so "CUDA" tensors are host numpy arrays whose DLPack capsule is rel
 tensors. Only invalid calls are made, so every test must end in the seam's ValueError before any compile or
 launch (a valid call would try to launch and fail differently).
 """
-import ctypes
 import os
 import sys
 
@@ -19,39 +18,9 @@ pytest.importorskip("tvm_ffi")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from cuda_labelled import CudaLabelled, cuda  # noqa: E402
 from ops.common import tensors  # noqa: E402
 from ops.flash_attention import bwd, fwd  # noqa: E402
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_get = ctypes.pythonapi.PyCapsule_GetPointer
-_get.restype = ctypes.c_void_p
-_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-class CudaLabelled:
-    """A numpy array exported through DLPack with device type kDLCUDA (2)."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, **_):
-        cap = self.a.__dlpack__()
-        _DLTensor.from_address(_get(cap, b"dltensor")).device_type = 2
-        return cap
-
-    def __dlpack_device__(self):
-        return (2, 0)
-
-
-def cuda(a):
-    return CudaLabelled(a)
 
 
 def h16(*shape):
