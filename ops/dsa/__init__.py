@@ -1,10 +1,13 @@
-"""DeepSeek Sparse Attention kernels (lightning indexer, top-k, sparse MLA attention, indexer loss
-pieces) for sm90, CuTe DSL.
+"""DeepSeek Sparse Attention kernels for sm90, CuTe DSL (framework-agnostic seams; DLPack tensors, outputs
+preallocated by the caller and fully written, an integer stream handle; semantics of docs/dsa.md).
 
-No kernel has landed yet: ``supported`` holds the shape table that paddle_dsa validates GPU-place calls
-against, and such calls run paddle_dsa's pure-Paddle reference path on the GPU. Kernels added here
-follow the seam convention of ``ops.flash_attention`` (framework-agnostic, DLPack tensors, outputs
-preallocated by the caller and fully written, integer stream handle) and must match the semantics
-fixed in docs/dsa.md. ``supported`` imports without the DSL installed.
+- ``indexer/``: ``fwd.indexer_fwd`` (indexer_score and dense_indexer_score_recompute: scores, optional lse) and
+  ``sparse.sparse_indexer_fwd`` (sparse_indexer_score_recompute over top-k slots).
+- ``attn_score/``: ``dense.dense_attn_score_fwd`` and ``sparse.sparse_attn_score_fwd`` (the attention-score
+  recomputes: head-summed clamped probabilities and their l1 norm).
+- ``topk/``: ``fwd.topk_fwd`` (indexer_topk), where installed.
+The dense kernels share ops/common/head_sum_sm90.py, the sparse ones ops/common/sparse_head_sum_sm90.py.
+``supported`` is the one shape table paddle_dsa validates GPU-place calls against; it imports without the DSL (the
+kernel modules are imported lazily by their seams).
 """
 from . import supported  # noqa: F401

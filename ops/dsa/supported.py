@@ -2,7 +2,7 @@
 
 paddle_dsa's validation reads this table for tensors on a CUDA place and rejects anything outside it
 with ValueError (TypeError for a dtype) before any work; the reference path accepts any shape.
-Until the DSA kernels land, a call that passes this check runs the reference path on the GPU.
+A call that passes this check runs on a kernel where one exists (ops/dsa/__init__.py lists them), else on the reference path.
 """
 
 # Lightning indexer (indexer_score, the dense/sparse indexer recompute and backward, indexer_kl_loss):

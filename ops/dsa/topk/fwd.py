@@ -1,0 +1,89 @@
+"""Seam of the top-k kernel: validate, pick/compile a cached variant, launch (no host sync).
+
+``topk_fwd(scores, out, *, lengths=None, stream=0) -> None``
+
+  scores  fp32 [R, W] or [B, Sq, W] (inner stride 1; for rank 3 the two leading axes must merge)
+  out     int32 [..., k] with the same leading shape, 1 <= k <= 2048 (MAX_K); every element written
+  lengths int32 of the leading shape, or None: row r considers columns [0, min(lengths[r], W)) (<= 0: none)
+out[r] = the columns of the k largest finite scores of row r, descending, ties lower column first, -1 past the
+row's selectable count (docs/dsa.md). Variants: (k padded to a power of two >= 32, with lengths, rank 3).
+"""
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+_CACHE = {}
+MAX_K = 2048
+
+
+def variant_key(p, has_lengths, rank3):
+    return (int(p), bool(has_lengths), bool(rank3))
+
+
+def all_variant_keys():
+    ps = [32 << i for i in range(7)]          # 32 .. 2048
+    return [variant_key(p, hl, r3) for p in ps for hl in (False, True) for r3 in (False, True)]
+
+
+def fake_args(key):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    p, has_len, rank3 = key
+    nd = 3 if rank3 else 2
+
+    def t(dtype, rank):
+        shape = tuple(cute.sym_int() for _ in range(rank))
+        stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=4)
+
+    lens = t(cutlass.Int32, nd - 1) if has_len else None
+    return (t(cutlass.Float32, nd), t(cutlass.Int32, nd), lens, cutlass.Int32(1), make_fake_stream())
+
+
+def compile_variant(key):
+    fn = _CACHE.get(key)
+    if fn is None:
+        import cutlass.cute as cute
+        from ...common.tensors import COMPILE_OPTIONS
+        from .topk_sm90 import TopkSm90
+        fn = cute.compile(TopkSm90(*key), *fake_args(key), options=COMPILE_OPTIONS)
+        _CACHE[key] = fn
+    return fn
+
+
+def topk_fwd(scores, out, *, lengths=None, stream=0):
+    from ...common.tensors import arg_tensor, stream_handle
+    from .topk_sm90 import pad_k
+
+    s = arg_tensor(scores, "scores").require_dtype("float32")
+    o = arg_tensor(out, "out").require_dtype("int32")
+    if len(s.shape) not in (2, 3):
+        raise ValueError(f"scores: expected [rows, W] or [batch, seq_q, W], got shape {s.shape}")
+    lead = s.shape[:-1]
+    if len(o.shape) != len(s.shape) or o.shape[:-1] != lead:
+        raise ValueError(f"out: expected shape {lead} + (k,), got {o.shape}")
+    k = o.shape[-1]
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"out: k = {k} not supported (1 <= k <= {MAX_K})")
+    ln = None
+    if lengths is not None:
+        ln = arg_tensor(lengths, "lengths")
+        if ln.dtype != "int32" or ln.shape != lead:
+            raise ValueError(f"lengths: expected int32 {lead}, got {ln.dtype} {ln.shape}")
+    if 0 in lead:
+        return
+    if s.shape[-1] == 0:
+        raise ValueError("scores: zero columns (the caller writes -1 everywhere; nothing to launch)")
+    s.require_inner_contiguous(4)
+    o.require_inner_contiguous(4)
+    rank3 = len(s.shape) == 3
+    for t in (s, o) + ((ln,) if ln is not None else ()):
+        if len(t.shape) - (t is ln) > 0 and rank3 and t.shape[0] > 1 and t.shape[1] > 1 and \
+                t.strides[0] != t.shape[1] * t.strides[1]:
+            raise ValueError(f"{t.name}: the batch and seq_q axes must merge (stride[0] == seq_q x stride[1]), "
+                             f"got strides {t.strides}")
+    if ln is not None:
+        ln.require_inner_contiguous(4)
+    fn = compile_variant(variant_key(pad_k(k), ln is not None, rank3))
+    fn(s.ffi, o.ffi, None if ln is None else ln.ffi, k, stream_handle(stream))

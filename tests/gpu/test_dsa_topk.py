@@ -1,0 +1,116 @@
+"""GPU tests of the top-k kernel (ops/dsa/topk/fwd.py) against torch: the semantics are a total order (descending
+score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUAL the reference's: a stable
+descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
+with -7 before each run. Run: python -m pytest -q tests/gpu/test_dsa_topk.py
+"""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
+
+DEV = "cuda"
+
+
+def reference(s, k, lengths=None):
+    lead, W = s.shape[:-1], s.shape[-1]
+    x = s.reshape(-1, W).double().clone()
+    x = x + 0.0                                            # -0.0 -> +0.0: equal scores tie
+    bad = ~torch.isfinite(x)
+    if lengths is not None:
+        bad |= torch.arange(W, device=DEV)[None, :] >= lengths.reshape(-1, 1)
+    x[bad] = float("-inf")
+    v, i = torch.sort(x, dim=-1, descending=True, stable=True)
+    kk = min(k, W)
+    out = torch.full((x.shape[0], k), -1, dtype=torch.int32, device=DEV)
+    out[:, :kk] = torch.where(torch.isneginf(v[:, :kk]), torch.full_like(i[:, :kk], -1), i[:, :kk]).int()
+    return out.reshape(*lead, k)
+
+
+def run(s, k, lengths=None, stream=None):
+    out = torch.full((*s.shape[:-1], k), -7, dtype=torch.int32, device=DEV)
+    topk_fwd(s, out, lengths=lengths, stream=(stream or torch.cuda.current_stream()).cuda_stream)
+    return out
+
+
+def check(s, k, lengths=None):
+    out = run(s, k, lengths)
+    ref = reference(s, k, lengths)
+    torch.cuda.synchronize()
+    assert not (out == -7).any(), "unwritten output elements"
+    bad = (out != ref).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} mismatches, first at {bad[0].tolist()}: {out[tuple(bad[0])]} vs " \
+                             f"{ref[tuple(bad[0])]}"
+    return out
+
+
+@pytest.mark.parametrize("W", [1, 17, 255, 4097, 32768])
+@pytest.mark.parametrize("k", [1, 7, 64, 2048])
+def test_random(W, k):
+    torch.manual_seed(W * 3 + k)
+    check(torch.randn(40, W, device=DEV), k)
+
+
+def test_long_rows_uncached():
+    """W beyond the shared-memory cache (40960 columns): the passes re-read global memory."""
+    torch.manual_seed(1)
+    check(torch.randn(3, 131072, device=DEV), 2048)
+    check(torch.randn(2, 50001, device=DEV).round(), 300)
+
+
+@pytest.mark.parametrize("k", [5, 100, 2048])
+def test_ties_and_special_values(k):
+    torch.manual_seed(k)
+    s = (torch.randn(24, 3000, device=DEV) * 3).round()     # many exact ties at the threshold
+    s[0] = 1.5                                             # all equal
+    s[1] = float("-inf")                                   # nothing selectable
+    s[2, ::3] = float("nan")
+    s[3, ::5] = float("inf")
+    s[4, :1000] = -0.0
+    s[4, 1000:] = 0.0
+    s[5, 7] = float("nan")
+    s[6] = torch.where(torch.rand(3000, device=DEV) < 0.99, torch.full_like(s[6], float("-inf")), s[6])
+    check(s, k)
+
+
+def test_lengths_and_rank3():
+    torch.manual_seed(2)
+    s = torch.randn(3, 50, 700, device=DEV)
+    lengths = torch.randint(-3, 800, (3, 50), dtype=torch.int32, device=DEV)
+    lengths[0, 0] = 0
+    check(s, 256, lengths)
+    check(s, 1000, lengths)                                 # k > many rows' lengths: -1 padding
+    check(s[:, :, :512], 64)                                # strided rows (W 512 inside a 700-wide buffer)
+
+
+def test_deterministic_reruns():
+    torch.manual_seed(3)
+    s = (torch.randn(64, 8192, device=DEV) * 2).round()
+    first = run(s, 2048)
+    for _ in range(20):
+        assert torch.equal(run(s, 2048), first)
+
+
+def test_cuda_graph_capture():
+    torch.manual_seed(4)
+    s = torch.randn(16, 5000, device=DEV)
+    out = torch.full((16, 512), -7, dtype=torch.int32, device=DEV)
+    topk_fwd(s, out, stream=torch.cuda.current_stream().cuda_stream)
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g, stream=side):
+            topk_fwd(s, out, stream=side.cuda_stream)
+    s.copy_(torch.randn(16, 5000, device=DEV))
+    out.fill_(-7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, reference(s, 512))
