@@ -18,9 +18,9 @@ a quad: no shared memory, no cross-warp reduction. One CTA = 3 warpgroups (384 t
   - warpgroup 0 (producer, few registers): warp 0 issues the TMA loads (the Q tile once; then, for key blocks
     n = 0 .. n_hi-1 and chunks c = 0 .. NC-1, K[n, c] into a ring of STAGES chunk buffers); warps 1-3 write MASK
     into the columns no key block covers ([n_hi * BK, W)).
-  - warpgroups 1 and 2 (consumers): warpgroup w takes the key blocks n = w, w + 2, ... Block n, chunk c sits in
-    ring position n * NC + c, so one pipeline serves both (4 consumer warps per stage) and each consumer state
-    advances NC positions over its own block and NC over the other's. Per block: for each chunk, wait, issue its
+  - warpgroups 1 and 2 (consumers): warpgroup w takes the key blocks n = w, w + 2, ... and owns half of the ring
+    (ring_state: chunk i of its blocks sits in stage w * STAGES/2 + i % (STAGES/2)), so one pipeline serves both
+    (4 consumer warps per stage) and no consumer ever skips a fill of its stages. Per block: for each chunk, wait, issue its
     wgmmas (m64 x N x 16), commit, and release the previous chunk once its wgmmas retired (wait_group(1)); then
     the epilogue: f per element (c from shared memory, fp32), head sum, mask, direct stores; lane q of a quad
     stores, and keeps the statistic of, the queries t = q, q + 4, ...
@@ -51,6 +51,16 @@ NUM_THREADS = 384
 CONSUMER_WARPS = 8
 
 
+def ring_state(stages: int, ring: Int32, i: Int32, producer: bool):
+    """Pipeline state of chunk i (counted within one consumer's half ring) of consumer `ring`: stage
+    ring * stages/2 + i % (stages/2), phase parity from the lap. Each consumer owns its half of the stages, so it
+    consumes every fill of each of its stages and can never wait on a barrier one whole lap ahead (a consumer that
+    skipped the other's fills of a shared stage could pass an mbarrier parity check one phase early: ABA)."""
+    half = stages // 2
+    lap = (i // half) % 2
+    return pipeline.PipelineState(stages, i, ring * half + i % half, lap ^ 1 if producer else lap)
+
+
 class HeadSumScoresSm90:
     """Base of one compiled variant. Subclasses set MASK (a float) and implement ``column_value``,
     ``element``, ``stat_init``, ``stat_update``, ``stat_merge``, ``stat_final`` and ``STAT_EMPTY``."""
@@ -69,7 +79,7 @@ class HeadSumScoresSm90:
         self.stages = stages
         self.varlen, self.with_stat, self.has_offsets = varlen, with_stat, has_offsets
         self.dt = cutlass.BFloat16
-        assert stages >= 2, "a consumer holds two chunks at a time (the one in flight and the one retiring)"
+        assert stages % 2 == 0 and stages >= 4, "two half rings of >= 2 stages (a consumer holds two chunks)"
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -223,13 +233,12 @@ class HeadSumScoresSm90:
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
                 cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
-                st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for n in cutlass.range(n_hi, unroll=1):
                     for c in cutlass.range_constexpr(NC):
+                        st = ring_state(self.stages, n % 2, (n // 2) * NC + c, True)
                         pipe.producer_acquire(st)
                         cute.copy(tma_k, tKg[None, n, c], tKs[None, st.index],
                                   tma_bar_ptr=pipe.producer_get_barrier(st))
-                        st.advance()
             else:
                 ftid = tidx - 32
                 for t in cutlass.range_constexpr(QT):
@@ -268,26 +277,22 @@ class HeadSumScoresSm90:
             sums = cute.make_rmem_tensor((2, 4 * NO), Float32)
 
             cute.arch.mbarrier_wait(q_bar, 0)
-            first = cwg * NC                             # ring position of this consumer's first chunk
-            st = pipeline.PipelineState(self.stages, first, first % self.stages, (first // self.stages) % 2)
             for n in cutlass.range(cwg, n_hi, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
-                st_rel = st.clone()
+                i0 = (n // 2) * NC                       # chunks this consumer's half ring served before block n
                 for c in cutlass.range_constexpr(NC):
+                    st = ring_state(self.stages, cwg, i0 + c, False)
                     pipe.consumer_wait(st)
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(kpc):
                         cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
                                   tSrQ[None, None, c * kpc + kb], acc)
                     warpgroup.commit_group()
-                    st.advance()
                     if cutlass.const_expr(c > 0):
                         warpgroup.wait_group(1)          # chunk c-1's wgmmas retired: its stage is free
-                        pipe.consumer_release(st_rel)
-                        st_rel.advance()
+                        pipe.consumer_release(ring_state(self.stages, cwg, i0 + c - 1, False))
                 warpgroup.wait_group(0)
-                pipe.consumer_release(st_rel)
-                st.advance(NC)                           # skip the other consumer's block
+                pipe.consumer_release(ring_state(self.stages, cwg, i0 + NC - 1, False))
                 # ---- epilogue: f per element, head sum per (key row, query), mask, store, statistic
                 s_mn = acc_mn_view(acc)
                 sums.fill(0.0)

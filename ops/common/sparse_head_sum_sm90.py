@@ -18,8 +18,8 @@ columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 thread
     own group retired, cp.async.wait_group(1)) fences the async proxy (fence.proxy.async.shared::cta, its writes
     become visible to wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's
     wait orders every lane's stores, not only a fence).
-  - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2 (ring positions n * NC + c, the dense core's
-    schedule); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
+  - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
+    ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
     the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity, store (lanes
     quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
     lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
@@ -37,6 +37,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from .head_sum_sm90 import ring_state
 from .softmax import acc_mn_view, quad_sum
 
 BK = 64
@@ -51,7 +52,7 @@ class SparseHeadSumSm90:
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
-        assert stages >= 2
+        assert stages % 2 == 0 and stages >= 4
         self.D, self.H, self.DC, self.NC = head_dim, heads, chunk, head_dim // chunk
         self.stages, self.varlen, self.has_length = stages, varlen, has_length
         self.with_stat = True
@@ -215,7 +216,7 @@ class SparseHeadSumSm90:
             else:
                 gKv = mKv[None, None, batch]
             per_row = DC // PIECE
-            st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            prev = Int32(0)                                              # stage of the last chunk issued
             for n in cutlass.range(n_blk, unroll=1):
                 rows = cute.make_rmem_tensor((self.pieces,), Int32)      # gather row of each piece (-1: skip)
                 for p in cutlass.range_constexpr(self.pieces):
@@ -223,6 +224,7 @@ class SparseHeadSumSm90:
                     valid, kidx = self.slot_row(mIdx, mLen, batch, row, n * BK + slot_in_blk, n_slots, seqlen_k)
                     rows[p] = Int32(cutlass.select_(valid, k_off + kidx, Int32(-1)))
                 for c in cutlass.range_constexpr(NC):
+                    st = ring_state(self.stages, n % 2, (n // 2) * NC + c, True)
                     pipe.producer_acquire(st)
                     sKs = sK[None, None, st.index]
                     for p in cutlass.range_constexpr(self.pieces):
@@ -233,14 +235,13 @@ class SparseHeadSumSm90:
                             dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
                             cute.copy(atom, src, dst)
                     cute.arch.cp_async_commit_group()
-                    prev = (st.index + self.stages - 1) % self.stages
                     if cutlass.const_expr(c > 0):
                         self.publish(pipe, prev, 1)     # the previous chunk, one group behind
                     else:
                         if n > 0:
                             self.publish(pipe, prev, 1)
-                    st.advance()
-            self.publish(pipe, (st.index + self.stages - 1) % self.stages, 0)   # n_blk >= 1 (seam)
+                    prev = st.index
+            self.publish(pipe, prev, 0)                 # n_blk >= 1 (seam)
         else:
             # ---------------- consumer warpgroups (the dense core's schedule, one query)
             cute.arch.setmaxregister_increase(232)
@@ -262,26 +263,22 @@ class SparseHeadSumSm90:
             stat = self.stat_init(1)
 
             cute.arch.mbarrier_wait(q_bar, 0)
-            first = cwg * NC
-            st = pipeline.PipelineState(self.stages, first, first % self.stages, (first // self.stages) % 2)
             for n in cutlass.range(cwg, n_blk, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                st_rel = st.clone()
+                i0 = (n // 2) * NC
                 for c in cutlass.range_constexpr(NC):
+                    st = ring_state(self.stages, cwg, i0 + c, False)
                     pipe.consumer_wait(st)
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(kpc):
                         cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
                                   tSrQ[None, None, c * kpc + kb], acc)
                     warpgroup.commit_group()
-                    st.advance()
                     if cutlass.const_expr(c > 0):
                         warpgroup.wait_group(1)
-                        pipe.consumer_release(st_rel)
-                        st_rel.advance()
+                        pipe.consumer_release(ring_state(self.stages, cwg, i0 + c - 1, False))
                 warpgroup.wait_group(0)
-                pipe.consumer_release(st_rel)
-                st.advance(NC)
+                pipe.consumer_release(ring_state(self.stages, cwg, i0 + NC - 1, False))
                 s_mn = acc_mn_view(acc)
                 sums = cute.make_rmem_tensor((2,), Float32)
                 sums.fill(0.0)

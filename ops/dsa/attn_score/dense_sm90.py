@@ -5,8 +5,10 @@ Math (one sequence; query t, key j, heads h; s = softmax_scale; L[t, h] = softma
     A[t, j]  = sum_h 2^min((s * (q[t, h] . kv[j]) - L[t, h]) * log2(e), 120)    visible keys (the indexer's mask), 0 else
     l1(t)    = min(sum_j A[t, j], FLT_MAX)
 The clamp makes a degenerate lse harmless: lse = -1e30 or -inf gives 2^120 per head (128 heads: 2^127 < FLT_MAX,
-never +inf), lse = +inf gives 0; an argument below -126 flushes to 0 (ex2.approx.ftz), the reference's rule. Both
-min() propagate NaN, so a NaN in query, kv or softmax_lse reaches the scores and the l1norm it touches.
+never +inf), lse = +inf gives 0; an argument below -126 flushes to 0, the reference's rule. 2^x is
+ops/common/exp2.exp2_accurate (under one ulp: the hardware ex2.approx is biased by up to 2^-22, which a head sum of
+128 terms and an l1 norm over thousands of keys would carry past a float32 implementation). min() and the exp2
+propagate NaN, so a NaN in query, kv or softmax_lse reaches the scores and the l1norm it touches.
 
 Tiling, layouts, shared-memory handoffs: ops/common/head_sum_sm90.py, with N = 128 columns (2 queries at 64 heads,
 1 at 128), the Q tile resident (128 x Dqk, 144 KiB at Dqk 576) and the key blocks streamed in 64-column chunks
@@ -17,6 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from ...common.exp2 import exp2_accurate
 from ...common.head_sum_sm90 import HeadSumScoresSm90
 
 N_COLS = 128
@@ -45,7 +48,7 @@ class AttnScoreEpilogue:
         """2^min((scale x - lse) log2 e, 120): the natural-log argument is formed first (one fma, the rounding of
         a float32 implementation) and only then scaled to base 2, so its error stays relative to itself, not to lse."""
         arg = cute.arch.fmin((x * scale - lse) * Float32(LOG2E), Float32(EXP2_MAX), nan=True)
-        return cute.math.exp2(arg, fastmath=True)
+        return exp2_accurate(arg)
 
     # row sum: stat[0, i] (stat[1, i] unused)
     @cute.jit
