@@ -42,8 +42,11 @@ def test_flash_attention_signatures_match():
 def test_seam_parameters_match():
     """The seam modules import cutlass; read their signatures from source instead."""
     import ast
-    for mod, fn in (("fwd", "flash_attn_fwd"), ("bwd", "flash_attn_bwd")):
-        tree = ast.parse((ROOT / "ops" / "flash_attention" / f"{mod}.py").read_text())
+    for path, fn in (("flash_attention/fwd.py", "flash_attn_fwd"), ("flash_attention/bwd.py", "flash_attn_bwd"),
+                     ("dsa/indexer/fwd.py", "indexer_fwd"), ("dsa/indexer/sparse.py", "sparse_indexer_fwd"),
+                     ("dsa/topk/fwd.py", "topk_fwd"), ("dsa/attn_score/dense.py", "dense_attn_score_fwd"),
+                     ("dsa/attn_score/sparse.py", "sparse_attn_score_fwd")):
+        tree = ast.parse((ROOT / "ops" / path).read_text())
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn)
         params = [a.arg for a in node.args.args] + [a.arg for a in node.args.kwonlyargs]
         block = API[API.index(f"{fn}("):]

@@ -164,6 +164,10 @@ def fake_gpu(monkeypatch):
     """Pretend every tensor sits on a CUDA place; any reference work before the check would fail loudly."""
     monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    # no DSA kernel installed: GPU-place calls that pass the table run the reference path (the kernel route is
+    # tests/test_dsa_kernel_seam.py)
+    from paddle_dsa.kernels import dsa as dsa_seam
+    monkeypatch.setattr(dsa_seam, "_MODULES", {name: None for name in dsa_seam._NAMES})
     called = []
 
     def spy(mod, name):

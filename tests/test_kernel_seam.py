@@ -6,7 +6,6 @@ workspaces, and calls ops.flash_attention.{fwd,bwd} with the seam's keyword sign
 read their inputs back through DLPack, compute with the reference path and write the outputs through
 DLPack, so any mix-up of argument order, shapes, lse layout or output aliasing shows up as a wrong number.
 """
-import ctypes
 import importlib
 import inspect
 import math
@@ -21,40 +20,13 @@ from paddle_dsa.kernels import flash_attention as seam
 from paddle_dsa.nn import functional as F
 from paddle_dsa.reference import flash_attention as ref
 
+from dlpack_io import read, write
 from flash_helpers import assert_close, check_dense, make, to64
 
 fa = importlib.import_module("paddle_dsa.nn.functional.flash_attention")
 
 
-def _in(x):
-    return None if x is None else paddle.utils.dlpack.from_dlpack(x.__dlpack__())
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-def _write(dst, src):
-    """Write src into the memory behind the DLPack export dst, as a kernel would (raw pointer, no copy).
-
-    Paddle's from_dlpack may copy on some releases, so the write goes through the DLTensor's pointer."""
-    capsule = dst.__dlpack__()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    t = _DLTensor.from_address(get(capsule, b"dltensor"))
-    shape = [t.shape[i] for i in range(t.ndim)]
-    assert shape == list(src.shape), (shape, list(src.shape))
-    if t.strides:
-        strides = [t.strides[i] for i in range(t.ndim)]
-        # compact, size-1 axes included (TMA needs every stride to be a multiple of 16 bytes; the ports fix
-        # Paddle 3.0-3.2's stride 1 on size-1 axes)
-        assert strides == list(np.cumprod([1] + shape[::-1])[:-1][::-1]), f"outputs must be compact: {strides}"
-    dtype = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32"}[(t.code, t.bits)]
-    data = np.ascontiguousarray(src.astype(dtype).numpy())  # bf16 comes back as uint16 bits
-    ctypes.memmove(t.data + t.byte_offset, data.ctypes.data, data.nbytes)
+_in, _write = read, write
 
 
 class FakeKernels:

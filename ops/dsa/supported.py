@@ -16,5 +16,6 @@ QK_V_HEAD_DIMS = ((576, 512), (512, 512))   # (Dqk, Dv) pairs
 QUERY_HEADS = (64, 128)                      # H
 ATTN_DTYPES = ("bfloat16",)                  # query, kv
 
-# Top-k selection over indexer scores:
+# Top-k selection over indexer scores (larger k runs on the reference path):
 TOPK_SCORE_DTYPES = ("float32",)
+TOPK_MAX_K = 2048

@@ -10,10 +10,12 @@ row's selectable count (docs/dsa.md). Variants: (k padded to a power of two >= 3
 """
 import os
 
+from .. import supported
+
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 _CACHE = {}
-MAX_K = 2048
+MAX_K = supported.TOPK_MAX_K
 
 
 def variant_key(p, has_lengths, rank3):

@@ -21,8 +21,8 @@ _warned = set()
 def gpu_fallback_note(op):
     if op not in _warned:
         _warned.add(op)
-        warnings.warn(f"paddle_dsa.{op}: no DSA GPU kernel is available yet; running the pure-Paddle "
-                      "reference path on the GPU")
+        warnings.warn(f"paddle_dsa.{op}: no DSA GPU kernel serves this call (none exists for this op yet, or "
+                      "nvidia-cutlass-dsl is not installed); running the pure-Paddle reference path on the GPU")
 
 
 def host_ints(t):

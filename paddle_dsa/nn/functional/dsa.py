@@ -3,8 +3,9 @@
 Semantics, clamps and masked-row conventions: docs/dsa.md. Layouts: BSHD (batch and sequence axes) or
 THD (packed: the two merged into one token axis, with cu_seqlens_q / cu_seqlens_k int32 [batch + 1];
 top-k indices and score columns are local to each sequence). On a CUDA place the shapes are checked
-against ops/dsa/supported.py (ValueError outside it); no DSA GPU kernel exists yet, so such calls then
-run the pure-Paddle reference path (paddle_dsa.reference.dsa) on the GPU.
+against ops/dsa/supported.py (ValueError outside it); indexer_score, dense_indexer_score_recompute, indexer_topk and
+sparse_indexer_score_recompute then run on the ops.dsa kernels (paddle_dsa/kernels/dsa.py), the other ops on the
+pure-Paddle reference path (paddle_dsa.reference.dsa) on the GPU, with a one-time warning.
 """
 import math
 
@@ -12,6 +13,7 @@ import paddle
 
 from ... import validation as V
 from ..._port import PORT
+from ...kernels import dsa as gpu
 from ...ops.dsa import supported as SUPPORTED
 from ...reference.dsa import _common as C
 from ...reference.dsa import attn_score as ref_attn
@@ -46,17 +48,39 @@ def _gpu(op, on_gpu):
         I.gpu_fallback_note(op)
 
 
+def _use_kernel(op, on_gpu, which, nonempty=True):
+    """True when this call runs on an ops.dsa kernel: a GPU place, the kernel installed, a problem it can describe
+    (no empty axis). Otherwise the reference path (on a GPU place with the one-time fallback warning)."""
+    if on_gpu and nonempty and gpu.available(which):
+        return True
+    _gpu(op, on_gpu)
+    return False
+
+
 # ----------------------------------------------------------------------------------------------------
 # Lightning indexer
 # ----------------------------------------------------------------------------------------------------
-def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q, cu_seqlens_k):
+def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q, cu_seqlens_k, kernel=None):
+    """Checked arguments of a dense indexer op: (seq, layout, limits, use_kernel). kernel: the ops.dsa kernel that
+    serves this op on a GPU place (None: the reference path, with the fallback warning)."""
     seq, hi, di, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
     causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
     V.check_same_place(op, ("index_q", "q_offsets"), (index_q, index_q if q_offsets is None else q_offsets))
     layout = seq.layout(q_offsets)
     limits = C.row_limits(layout, causal, ratio)
-    _gpu(op, on_gpu)
-    return seq, layout, limits
+    if kernel is None:
+        _gpu(op, on_gpu)
+        return seq, layout, limits, False
+    nonempty = layout.tq > 0 and layout.tk > 0 and layout.width > 0
+    return seq, layout, limits, _use_kernel(op, on_gpu, kernel, nonempty)
+
+
+def _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, with_lse):
+    """indexer scores (and lse) from the ops.dsa.indexer kernel, in the public shapes."""
+    max_q = max((seg[1] for seg in layout.segments), default=0) if seq.thd else 0
+    cu_q, cu_k = seq.cu_tensors if seq.thd else (None, None)
+    return gpu.indexer_scores(index_q, index_k, weights, causal=causal, ratio=ratio, q_offsets=q_offsets, cu_q=cu_q,
+                              cu_k=cu_k, max_q=max_q, width=layout.width, with_lse=with_lse)
 
 
 def _index_rows(seq, index_q, index_k, weights):
@@ -82,9 +106,11 @@ def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=
     """
     op = "indexer_score"
     _start(op)
-    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                       cu_seqlens_q, cu_seqlens_k)
+    seq, layout, limits, kernel = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                               cu_seqlens_q, cu_seqlens_k, kernel="indexer")
     with paddle.no_grad():
+        if kernel:
+            return _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, False)[0]
         s = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32)
         return layout.rows_to_public(s)
 
@@ -117,10 +143,12 @@ def indexer_topk(scores, k, *, lengths=None):
         if dt not in SUPPORTED.TOPK_SCORE_DTYPES:
             V.fail(op, f"`scores` dtype {dt} is not supported on a GPU place; supported: "
                        f"{', '.join(SUPPORTED.TOPK_SCORE_DTYPES)}", TypeError)
-    _gpu(op, on_gpu)
     rows = 1
     for d in shp[:-1]:
         rows *= d
+    if _use_kernel(op, on_gpu, "topk", rows > 0 and shp[-1] > 0 and k <= SUPPORTED.TOPK_MAX_K):
+        with paddle.no_grad():
+            return gpu.topk(scores, k, lengths)
     with paddle.no_grad():
         idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
                             None if lengths is None else lengths.reshape([rows]))
@@ -242,9 +270,11 @@ def dense_indexer_score_recompute(index_q, index_k, weights, *, causal=True, rat
     """
     op = "dense_indexer_score_recompute"
     _start(op)
-    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                       cu_seqlens_q, cu_seqlens_k)
+    seq, layout, limits, kernel = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                               cu_seqlens_q, cu_seqlens_k, kernel="indexer")
     with paddle.no_grad():
+        if kernel:
+            return _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, True)
         s, lse = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32,
                                         with_lse=True)
         return _public_rows(layout, s, lse)
@@ -307,8 +337,8 @@ def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, at
     """
     op = "dense_indexer_backward"
     _start(op)
-    seq, layout, limits = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                       cu_seqlens_q, cu_seqlens_k)
+    seq, layout, limits, _ = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
+                                          cu_seqlens_q, cu_seqlens_k)
     s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
                                       (index_score, index_lse, attn_score, attn_l1norm), layout.width)
     V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
@@ -333,8 +363,13 @@ def sparse_indexer_score_recompute(index_q, index_k, weights, topk_indices, *, t
     op = "sparse_indexer_score_recompute"
     _start(op)
     seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    nonempty = seq.tq > 0 and seq.tk > 0 and PORT.shape(topk_indices)[-1] > 0
+    if _use_kernel(op, on_gpu, "sparse_indexer", nonempty):
+        I.check_topk_indices(op, seq, topk_indices, topk_length, index_q)
+        cu_q, cu_k = seq.cu_tensors if seq.thd else (None, None)
+        with paddle.no_grad():
+            return gpu.sparse_indexer_scores(index_q, index_k, weights, topk_indices, topk_length, cu_q, cu_k)
     layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
-    _gpu(op, on_gpu)
     with paddle.no_grad():
         s = ref_index.sparse_scores(*_index_rows(seq, index_q, index_k, weights), gidx, valid)
         return _public_rows(layout, s, ref_index.index_lse(s, valid))
