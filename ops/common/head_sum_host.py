@@ -10,6 +10,35 @@ before any compile or launch.
 from .tensors import arg_tensor, cu_seqlens_pair, stream_handle
 
 
+def _query_key(at, q_name, k_name, varlen, cu_seqlens_q, cu_seqlens_k):
+    """Checks shared by both calls: bf16 q/k of ranks 4/3 (BSHD) or 3/2 (THD), one head_dim, the cu_seqlens pair or
+    one batch. Returns (heads, head_dim, rows, batch); stores the cu_seqlens ArgTensors in at."""
+    qa, ka = at[q_name], at[k_name]
+    qa.require_dtype("bfloat16")
+    ka.require_dtype("bfloat16")
+    nd = 3 if varlen else 4
+    if len(qa.shape) != nd or len(ka.shape) != nd - 1:
+        raise ValueError(f"{q_name}/{k_name}: expected ranks {nd}/{nd - 1} ({'THD' if varlen else 'BSHD'}), "
+                         f"got shapes {qa.shape} and {ka.shape}")
+    heads, head_dim = qa.shape[-2], qa.shape[-1]
+    if ka.shape[-1] != head_dim:
+        raise ValueError(f"{k_name}: head_dim {ka.shape[-1]} differs from {q_name}'s {head_dim}")
+    rows = qa.shape[:-2]
+    if varlen:
+        at["cu_seqlens_q"], at["cu_seqlens_k"], batch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+    else:
+        batch = rows[0]
+        if ka.shape[0] != batch:
+            raise ValueError(f"{k_name}: batch {ka.shape[0]} differs from {q_name}'s {batch}")
+    return heads, head_dim, rows, batch
+
+
+def _require_mergeable(qa, heads):
+    if qa.strides[-3] != heads * qa.strides[-2]:
+        raise ValueError(f"{qa.name}: the (row, head) axes must be mergeable (row stride == heads x head stride), "
+                         f"got strides {qa.strides}")
+
+
 class HeadSumCall:
     """Checked arguments: ``at`` (name -> ArgTensor), ``varlen``, ``heads``, ``head_dim``, ``batch``, ``rows`` (the
     leading shape of q), ``grid_rows`` (query rows the grid must cover per sequence), ``empty`` (nothing to do)."""
@@ -27,19 +56,10 @@ class HeadSumCall:
             at["q_offsets"] = arg_tensor(q_offsets, "q_offsets")
         self.at = at
         qa, ka, sa = at[q_name], at[k_name], at[s_name]
-        qa.require_dtype("bfloat16")
-        ka.require_dtype("bfloat16")
         sa.require_dtype("float32")
-        nd = 3 if self.varlen else 4
-        if len(qa.shape) != nd or len(ka.shape) != nd - 1:
-            raise ValueError(f"{q_name}/{k_name}: expected ranks {nd}/{nd - 1} ({'THD' if self.varlen else 'BSHD'}), "
-                             f"got shapes {qa.shape} and {ka.shape}")
-        self.heads, self.head_dim = qa.shape[-2], qa.shape[-1]
-        if ka.shape[-1] != self.head_dim:
-            raise ValueError(f"{k_name}: head_dim {ka.shape[-1]} differs from {q_name}'s {self.head_dim}")
-        self.rows = qa.shape[:-2]
+        self.heads, self.head_dim, self.rows, self.batch = _query_key(at, q_name, k_name, self.varlen, cu_seqlens_q,
+                                                                      cu_seqlens_k)
         if self.varlen:
-            at["cu_seqlens_q"], at["cu_seqlens_k"], self.batch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
             if len(sa.shape) != 2 or sa.shape[0] != self.rows[0]:
                 raise ValueError(f"{s_name}: expected shape ({self.rows[0]}, W), got {sa.shape}")
             stat_shape = self.rows
@@ -48,9 +68,7 @@ class HeadSumCall:
                 raise ValueError(f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
             no_keys = ka.shape[0] == 0
         else:
-            self.batch, sq, sk = self.rows[0], self.rows[1], ka.shape[1]
-            if ka.shape[0] != self.batch:
-                raise ValueError(f"{k_name}: batch {ka.shape[0]} differs from {q_name}'s {self.batch}")
+            sq, sk = self.rows[1], ka.shape[1]
             if sa.shape != (self.batch, sq, sk):
                 raise ValueError(f"{s_name}: expected shape {(self.batch, sq, sk)}, got {sa.shape}")
             stat_shape = (self.batch, sq)
@@ -72,9 +90,7 @@ class HeadSumCall:
             raise ValueError(f"{k_name}: zero keys cannot be loaded by TMA (the caller writes the empty-key result)")
         qa.require_tma()
         ka.require_tma()
-        if qa.strides[-3] != self.heads * qa.strides[-2]:
-            raise ValueError(f"{q_name}: the (row, head) axes must be mergeable (row stride == heads x head stride), "
-                             f"got strides {qa.strides}")
+        _require_mergeable(qa, self.heads)
         sa.require_inner_contiguous(4)
         if stat is not None:
             at[stat_name].require_inner_contiguous(4)
@@ -90,27 +106,38 @@ class HeadSumCall:
            stream_handle(stream))
 
 
+def _fake_tensor(dtype, shape, divisibility, align):
+    """A stand-in tensor: None extents dynamic, inner stride 1, the other strides dynamic int64 multiples of
+    `divisibility` elements, base `align`-byte aligned."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+    shape = tuple(cute.sym_int() if s is None else s for s in shape)
+    stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in shape[:-1]) + (1,)
+    return make_fake_tensor(dtype, shape, stride, assumed_align=align)
+
+
+def _fake_common(head_dim, heads, varlen, col_dtype, col_shape):
+    """(lead, q, k, col, cu factory) shared by both calls' stand-ins."""
+    import cutlass
+    t = _fake_tensor
+    lead = (None,) if varlen else (None, None)
+    q = t(cutlass.BFloat16, lead + (heads, head_dim), 8, 16)
+    k = t(cutlass.BFloat16, lead + (head_dim,), 8, 16)
+    col = t(col_dtype, col_shape, 1, col_dtype.width // 8)
+    cu = (lambda: t(cutlass.Int32, (None,), 1, 4)) if varlen else (lambda: None)
+    return lead, q, k, col, cu
+
+
 def fake_args(head_dim, heads, varlen, col_dtype, col_shape, with_stat, has_offsets):
     """Stand-in arguments (dynamic shapes and strides) under the layout rules HeadSumCall checks. col_shape: the
     column source's shape with None for dynamic extents (its innermost stride is 1, the others dynamic)."""
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-
-    def t(dtype, shape, divisibility, align):
-        shape = tuple(cute.sym_int() if s is None else s for s in shape)
-        stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in shape[:-1]) + (1,)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
-
-    lead = (None,) if varlen else (None, None)
-    q = t(bf16, lead + (heads, head_dim), 8, 16)
-    k = t(bf16, lead + (head_dim,), 8, 16)
-    col = t(col_dtype, col_shape, 1, col_dtype.width // 8)
-    s = t(f32, lead + (None,), 1, 4)
-    stat = t(f32, lead, 1, 4) if with_stat else None
-    off = make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4) if has_offsets else None
-    cu = (lambda: make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4)) if varlen else (lambda: None)
+    from cutlass.cute.runtime import make_fake_stream
+    f32, i32 = cutlass.Float32, cutlass.Int32
+    lead, q, k, col, cu = _fake_common(head_dim, heads, varlen, col_dtype, col_shape)
+    s = _fake_tensor(f32, lead + (None,), 1, 4)
+    stat = _fake_tensor(f32, lead, 1, 4) if with_stat else None
+    off = _fake_tensor(i32, (None,), 1, 4) if has_offsets else None
     return (q, k, col, s, stat, off, cu(), cu(), f32(1.0), i32(1), i32(1), i32(1), make_fake_stream())
 
 
@@ -130,25 +157,11 @@ class SparseHeadSumCall:
             at["topk_length"] = arg_tensor(topk_length, "topk_length")
         self.at = at
         qa, ka, ia, sa, ta = at[q_name], at[k_name], at["topk_indices"], at[s_name], at[stat_name]
-        qa.require_dtype("bfloat16")
-        ka.require_dtype("bfloat16")
         ia.require_dtype("int32")
         sa.require_dtype("float32")
         ta.require_dtype("float32")
-        nd = 3 if self.varlen else 4
-        if len(qa.shape) != nd or len(ka.shape) != nd - 1:
-            raise ValueError(f"{q_name}/{k_name}: expected ranks {nd}/{nd - 1} ({'THD' if self.varlen else 'BSHD'}), "
-                             f"got shapes {qa.shape} and {ka.shape}")
-        self.heads, self.head_dim = qa.shape[-2], qa.shape[-1]
-        if ka.shape[-1] != self.head_dim:
-            raise ValueError(f"{k_name}: head_dim {ka.shape[-1]} differs from {q_name}'s {self.head_dim}")
-        self.rows = qa.shape[:-2]
-        if self.varlen:
-            at["cu_seqlens_q"], at["cu_seqlens_k"], self.batch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
-        else:
-            self.batch = self.rows[0]
-            if ka.shape[0] != self.batch:
-                raise ValueError(f"{k_name}: batch {ka.shape[0]} differs from {q_name}'s {self.batch}")
+        self.heads, self.head_dim, self.rows, self.batch = _query_key(at, q_name, k_name, self.varlen, cu_seqlens_q,
+                                                                      cu_seqlens_k)
         if len(ia.shape) != len(self.rows) + 1 or ia.shape[:-1] != self.rows:
             raise ValueError(f"topk_indices: expected shape {self.rows} + (K,), got {ia.shape}")
         if sa.shape != ia.shape:
@@ -170,9 +183,7 @@ class SparseHeadSumCall:
         if ka.strides[-1] != 1 or any((s * 2) % 16 for s in ka.strides[:-1]) or ka.ptr % 16:
             raise ValueError(f"{k_name}: rows must be 16-byte aligned with a unit inner stride (16-byte cp.async "
                              f"gathers), got strides {ka.strides}")
-        if qa.strides[-3] != self.heads * qa.strides[-2]:
-            raise ValueError(f"{q_name}: the (row, head) axes must be mergeable (row stride == heads x head stride), "
-                             f"got strides {qa.strides}")
+        _require_mergeable(qa, self.heads)
         for t in (ia, sa, ta):
             t.require_inner_contiguous(4)
 
@@ -187,22 +198,11 @@ class SparseHeadSumCall:
 def sparse_fake_args(head_dim, heads, varlen, col_dtype, col_shape, has_length):
     """Stand-in arguments for SparseHeadSumSm90 under the layout rules SparseHeadSumCall checks."""
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-
-    def t(dtype, shape, divisibility, align):
-        shape = tuple(cute.sym_int() if s is None else s for s in shape)
-        stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in shape[:-1]) + (1,)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
-
-    lead = (None,) if varlen else (None, None)
-    q = t(bf16, lead + (heads, head_dim), 8, 16)
-    k = t(bf16, lead + (head_dim,), 8, 16)
-    col = t(col_dtype, col_shape, 1, col_dtype.width // 8)
-    idx = t(i32, lead + (None,), 1, 4)
-    length = t(i32, lead, 1, 4) if has_length else None
-    s = t(f32, lead + (None,), 1, 4)
-    stat = t(f32, lead, 1, 4)
-    cu = (lambda: make_fake_tensor(i32, (cute.sym_int(),), (1,), assumed_align=4)) if varlen else (lambda: None)
+    from cutlass.cute.runtime import make_fake_stream
+    f32, i32 = cutlass.Float32, cutlass.Int32
+    lead, q, k, col, cu = _fake_common(head_dim, heads, varlen, col_dtype, col_shape)
+    idx = _fake_tensor(i32, lead + (None,), 1, 4)
+    length = _fake_tensor(i32, lead, 1, 4) if has_length else None
+    s = _fake_tensor(f32, lead + (None,), 1, 4)
+    stat = _fake_tensor(f32, lead, 1, 4)
     return (q, k, col, idx, length, s, stat, cu(), cu(), f32(1.0), make_fake_stream())

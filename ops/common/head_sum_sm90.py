@@ -61,6 +61,28 @@ def ring_state(stages: int, ring: Int32, i: Int32, producer: bool):
     return pipeline.PipelineState(stages, i, ring * half + i % half, lap ^ 1 if producer else lap)
 
 
+@cute.jit
+def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, tSrK: cute.Tensor,
+              tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32, n_chunks: cutlass.Constexpr,
+              kpc: cutlass.Constexpr):
+    """acc = K block x Q^T over n_chunks chunks of kpc k-blocks, chunk c from ring stage ring_state(ring, i0 + c):
+    wait for the chunk, issue its wgmmas, commit, and release the previous chunk once its wgmmas retired
+    (wait_group(1): groups retire in order); the last chunk is released after wait_group(0)."""
+    for c in cutlass.range_constexpr(n_chunks):
+        st = ring_state(stages, ring, i0 + c, False)
+        pipe.consumer_wait(st)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(kpc):
+            cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
+                      tSrQ[None, None, c * kpc + kb], acc)
+        warpgroup.commit_group()
+        if cutlass.const_expr(c > 0):
+            warpgroup.wait_group(1)
+            pipe.consumer_release(ring_state(stages, ring, i0 + c - 1, False))
+    warpgroup.wait_group(0)
+    pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+
+
 class HeadSumScoresSm90:
     """Base of one compiled variant. Subclasses set MASK (a float) and implement ``column_value``,
     ``element``, ``stat_init``, ``stat_update``, ``stat_merge``, ``stat_final`` and ``STAT_EMPTY``."""
@@ -279,20 +301,8 @@ class HeadSumScoresSm90:
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_hi, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
-                i0 = (n // 2) * NC                       # chunks this consumer's half ring served before block n
-                for c in cutlass.range_constexpr(NC):
-                    st = ring_state(self.stages, cwg, i0 + c, False)
-                    pipe.consumer_wait(st)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(kpc):
-                        cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
-                                  tSrQ[None, None, c * kpc + kb], acc)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(c > 0):
-                        warpgroup.wait_group(1)          # chunk c-1's wgmmas retired: its stage is free
-                        pipe.consumer_release(ring_state(self.stages, cwg, i0 + c - 1, False))
-                warpgroup.wait_group(0)
-                pipe.consumer_release(ring_state(self.stages, cwg, i0 + NC - 1, False))
+                # chunks this consumer's half ring served before block n: (n // 2) * NC
+                mma_block(pipe, mma, mma_acc, acc, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc)
                 # ---- epilogue: f per element, head sum per (key row, query), mask, store, statistic
                 s_mn = acc_mn_view(acc)
                 sums.fill(0.0)

@@ -37,7 +37,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .head_sum_sm90 import ring_state
+from .head_sum_sm90 import mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
 BK = 64
@@ -265,20 +265,7 @@ class SparseHeadSumSm90:
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_blk, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                i0 = (n // 2) * NC
-                for c in cutlass.range_constexpr(NC):
-                    st = ring_state(self.stages, cwg, i0 + c, False)
-                    pipe.consumer_wait(st)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(kpc):
-                        cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
-                                  tSrQ[None, None, c * kpc + kb], acc)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(c > 0):
-                        warpgroup.wait_group(1)
-                        pipe.consumer_release(ring_state(self.stages, cwg, i0 + c - 1, False))
-                warpgroup.wait_group(0)
-                pipe.consumer_release(ring_state(self.stages, cwg, i0 + NC - 1, False))
+                mma_block(pipe, mma, mma_acc, acc, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc)
                 s_mn = acc_mn_view(acc)
                 sums = cute.make_rmem_tensor((2,), Float32)
                 sums.fill(0.0)

@@ -6,11 +6,10 @@ comes from ``_empty`` uninitialised and is handed to the kernel, which writes ev
 seam.py NaN-poisons ``_empty`` to prove the seam returns those very buffers). No host sync here; the callers'
 validation may read cu_seqlens on the host (docs/dsa.md).
 """
-import importlib
-
 import paddle
 
 from .._port import PORT
+from . import import_kernel
 
 _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse"}
@@ -18,12 +17,7 @@ _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "index
 
 def _module(which):
     """The ops.dsa seam module if the DSL and that kernel are installed, else None."""
-    if which not in _MODULES:
-        try:
-            _MODULES[which] = importlib.import_module(f"paddle_dsa.ops.dsa.{_NAMES[which]}")
-        except ImportError:
-            _MODULES[which] = None
-    return _MODULES[which]
+    return import_kernel(_MODULES, which, f"paddle_dsa.ops.dsa.{_NAMES[which]}")
 
 
 def available(which):

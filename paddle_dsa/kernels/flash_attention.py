@@ -1,21 +1,15 @@
 """Paddle -> ops.flash_attention seam (GPU only)."""
-import importlib
-
 import paddle
 
 from .._port import PORT
+from . import import_kernel
 
 _MODULES = {}
 
 
 def _module(which):
     """ops.flash_attention.fwd / .bwd if the DSL and that kernel are installed, else None."""
-    if which not in _MODULES:
-        try:
-            _MODULES[which] = importlib.import_module(f"paddle_dsa.ops.flash_attention.{which}")
-        except ImportError:
-            _MODULES[which] = None
-    return _MODULES[which]
+    return import_kernel(_MODULES, which, f"paddle_dsa.ops.flash_attention.{which}")
 
 
 def available(which):

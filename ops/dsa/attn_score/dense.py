@@ -12,10 +12,10 @@ indexer sees (same causal / ratio / q_offsets rule), 0 elsewhere (and on THD row
 l1norm = row sums, saturating at FLT_MAX. Every element of scores and l1norm is written. Dqk and H from
 ops/dsa/supported.py (Dqk 576 or 512, H 64 or 128). Variants: (Dqk, H, varlen, with q_offsets).
 """
-import math
 import os
 
 from .. import supported
+from . import check_attention_side
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -55,23 +55,11 @@ def compile_variant(key):
 def dense_attn_score_fwd(query, kv, softmax_lse, scores, l1norm, *, softmax_scale, causal=True, ratio=1,
                          q_offsets=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, stream=0):
     from ...common.head_sum_host import HeadSumCall
-    from ...common.tensors import arg_tensor
 
     call = HeadSumCall(("query", "kv", "scores", "l1norm"), query, kv, scores, l1norm, q_offsets, cu_seqlens_q,
                        cu_seqlens_k, max_seqlen_q, ratio)
     H, D = call.heads, call.head_dim
-    dims = sorted({d for d, _ in supported.QK_V_HEAD_DIMS})
-    if D not in dims:
-        raise ValueError(f"query: head_dim {D} not supported (supported: {dims})")
-    if H not in supported.QUERY_HEADS:
-        raise ValueError(f"query: {H} heads not supported (supported: {supported.QUERY_HEADS})")
-    lse = arg_tensor(softmax_lse, "softmax_lse").require_dtype("float32")
-    want = (H, call.rows[0]) if call.varlen else (call.batch, H, call.rows[1])
-    if lse.shape != want:
-        raise ValueError(f"softmax_lse: expected shape {want}, got {lse.shape}")
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    lse, scale = check_attention_side(call, softmax_lse, softmax_scale)
     if call.empty:
         return
     lse.require_inner_contiguous(4)

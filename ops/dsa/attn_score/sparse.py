@@ -10,10 +10,10 @@ scores = sum_h exp(min(softmax_scale * query . kv[idx] - lse, 120 ln 2)) at vali
 rows at or past cu_seqlens_q[-1]); l1norm = row sums (saturating at FLT_MAX). Variants: (Dqk, H, varlen, with
 topk_length). Kernel: sparse_sm90.py.
 """
-import math
 import os
 
 from .. import supported
+from . import check_attention_side
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -51,23 +51,11 @@ def compile_variant(key):
 def sparse_attn_score_fwd(query, kv, softmax_lse, topk_indices, scores, l1norm, *, softmax_scale, topk_length=None,
                           cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
     from ...common.head_sum_host import SparseHeadSumCall
-    from ...common.tensors import arg_tensor
 
     call = SparseHeadSumCall(("query", "kv", "scores", "l1norm"), query, kv, topk_indices, topk_length, scores, l1norm,
                              cu_seqlens_q, cu_seqlens_k)
     H, D = call.heads, call.head_dim
-    dims = sorted({d for d, _ in supported.QK_V_HEAD_DIMS})
-    if D not in dims:
-        raise ValueError(f"query: head_dim {D} not supported (supported: {dims})")
-    if H not in supported.QUERY_HEADS:
-        raise ValueError(f"query: {H} heads not supported (supported: {supported.QUERY_HEADS})")
-    lse = arg_tensor(softmax_lse, "softmax_lse").require_dtype("float32")
-    want = (H, call.rows[0]) if call.varlen else (call.batch, H, call.rows[1])
-    if lse.shape != want:
-        raise ValueError(f"softmax_lse: expected shape {want}, got {lse.shape}")
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    lse, scale = check_attention_side(call, softmax_lse, softmax_scale)
     if call.empty:
         return
     lse.require_inner_contiguous(4)

@@ -18,6 +18,7 @@ ratio are runtime values. Kernel: score_sm90.py on ops/common/head_sum_sm90.py; 
 import os
 
 from .. import supported
+from . import check_indexer_side
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -58,18 +59,11 @@ def compile_variant(key):
 def indexer_fwd(index_q, index_k, weights, scores, lse=None, *, causal=True, ratio=1, q_offsets=None,
                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, stream=0):
     from ...common.head_sum_host import HeadSumCall
-    from ...common.tensors import arg_tensor
 
     call = HeadSumCall(("index_q", "index_k", "scores", "lse"), index_q, index_k, scores, lse, q_offsets,
                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ratio)
     H, D = call.heads, call.head_dim
-    if D not in supported.INDEX_HEAD_DIMS:
-        raise ValueError(f"index_q: head_dim {D} not supported (supported: {supported.INDEX_HEAD_DIMS})")
-    if H not in supported.INDEX_HEADS:
-        raise ValueError(f"index_q: {H} index heads not supported (supported: {supported.INDEX_HEADS})")
-    w = arg_tensor(weights, "weights").require_dtype(*supported.WEIGHT_DTYPES)
-    if w.shape != call.rows + (H,):
-        raise ValueError(f"weights: expected shape {call.rows + (H,)}, got {w.shape}")
+    w = check_indexer_side(call, weights)
     if call.empty:
         return
     w.require_inner_contiguous(w.bits // 8)

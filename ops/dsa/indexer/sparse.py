@@ -14,6 +14,7 @@ Variants: (D, H, weight dtype, varlen, with topk_length). Kernel: sparse_sm90.py
 import os
 
 from .. import supported
+from . import check_indexer_side
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -52,18 +53,11 @@ def compile_variant(key):
 def sparse_indexer_fwd(index_q, index_k, weights, topk_indices, scores, lse, *, topk_length=None, cu_seqlens_q=None,
                        cu_seqlens_k=None, stream=0):
     from ...common.head_sum_host import SparseHeadSumCall
-    from ...common.tensors import arg_tensor
 
     call = SparseHeadSumCall(("index_q", "index_k", "scores", "lse"), index_q, index_k, topk_indices, topk_length,
                              scores, lse, cu_seqlens_q, cu_seqlens_k)
     H, D = call.heads, call.head_dim
-    if D not in supported.INDEX_HEAD_DIMS:
-        raise ValueError(f"index_q: head_dim {D} not supported (supported: {supported.INDEX_HEAD_DIMS})")
-    if H not in supported.INDEX_HEADS:
-        raise ValueError(f"index_q: {H} index heads not supported (supported: {supported.INDEX_HEADS})")
-    w = arg_tensor(weights, "weights").require_dtype(*supported.WEIGHT_DTYPES)
-    if w.shape != call.rows + (H,):
-        raise ValueError(f"weights: expected shape {call.rows + (H,)}, got {w.shape}")
+    w = check_indexer_side(call, weights)
     if call.empty:
         return
     w.require_inner_contiguous(w.bits // 8)
