@@ -5,6 +5,9 @@ top-k slots (ops/common/sparse_head_sum_sm90.py with AttnScoreEpilogue from dens
     attn_l1norm[t]   = min(sum_s attn_score[t, s], FLT_MAX)
 Key rows (Dqk 576 or 512) gathered with cp.async in 64-column chunks through a ring of 8 x 8 KiB; the Q tile
 (H x Dqk, up to 144 KiB) resident; one query row per CTA.
+
+Status (H200, 2026-12-02): racecheck/memcheck clean; same numerics as the dense kernel (3-7x the float32 floor,
+not routed yet); Sq 4K, top-k 2048, 128 heads, Dqk 576: 4.03 ms = 307 TFLOP/s.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue

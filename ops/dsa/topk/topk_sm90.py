@@ -23,6 +23,9 @@ Algorithm. One CTA (512 threads) per row.
      u = 0).
 Shared-memory handoffs: every buffer written by many threads (histogram, scan partials, selection, counters) is
 read only after a CTA barrier (sync_threads) that follows all its writers.
+
+Status (H200, 2026-12-02): tests/gpu/test_dsa_topk.py 27 passed (indices equal to a stable sort), racecheck and
+memcheck clean; speed not measured yet (one CTA of 512 threads per row, 1 CTA per SM for the 160 KiB row cache).
 """
 import cutlass
 import cutlass.cute as cute
