@@ -39,6 +39,16 @@ def test_flash_attention_signatures_match():
         assert shown in API, f"docs/api.md does not show {shown}"
 
 
+def test_dsa_thd_extent_signatures_match():
+    """The DSA ops that take max_seqlen_q / max_seqlen_k are shown in docs/api.md with their real signatures."""
+    from paddle_dsa.nn import functional as F
+    shown_text = re.sub(r",\s+", ", ", API)
+    for fn in (F.indexer_score, F.dense_indexer_score_recompute, F.dense_attn_score_recompute):
+        assert "max_seqlen_k" in inspect.signature(fn).parameters
+        shown = f"F.{fn.__name__}{inspect.signature(fn)}"
+        assert shown in shown_text, f"docs/api.md does not show {shown}"
+
+
 def test_seam_parameters_match():
     """The seam modules import cutlass; read their signatures from source instead."""
     import ast

@@ -1,10 +1,15 @@
 """Paddle -> ops.dsa seams (GPU only): export through the port, allocate outputs, call the kernel seam.
 
-Routed to kernels (their H200 tests pass): indexer_score and dense_indexer_score_recompute (ops.dsa.indexer.fwd),
-indexer_topk (ops.dsa.topk.fwd), sparse_indexer_score_recompute (ops.dsa.indexer.sparse). Every output buffer
-comes from ``_empty`` uninitialised and is handed to the kernel, which writes every element (tests/test_dsa_kernel_
-seam.py NaN-poisons ``_empty`` to prove the seam returns those very buffers). No host sync here; the callers'
-validation may read cu_seqlens on the host (docs/dsa.md).
+One thin function per ops.dsa seam: indexer_scores (ops.dsa.indexer.fwd: indexer_score, dense_indexer_score_
+recompute), topk (ops.dsa.topk.fwd), sparse_indexer_scores (ops.dsa.indexer.sparse), dense_attn_scores
+(ops.dsa.attn_score.dense) and sparse_attn_scores (ops.dsa.attn_score.sparse). Contract:
+- every output buffer comes from ``_empty`` uninitialised, is exported writable (never a copy) and is returned as
+  it is: the kernel writes every element (tests/test_dsa_kernel_seam.py NaN-poisons ``_empty`` to prove it);
+- the stream is Paddle's current one (PORT.stream_handle); no host sync and no device read here;
+- the callers (nn/functional/dsa.py) hand over only problems the kernels can describe: no empty axis (they build
+  those results in Paddle) and THD extents as host ints.
+``missing(which)`` says why a seam does not serve the Paddle ops (None when it does): its module does not import
+(the DSL or the kernel is not installed), or it is not routed yet (ROUTED).
 """
 import paddle
 
@@ -12,7 +17,12 @@ from .._port import PORT
 from . import import_kernel
 
 _MODULES = {}
-_NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse"}
+_NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
+          "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse"}
+
+# The seams the Paddle ops call. The attention-score recompute kernels are wired below and tested on CPU, but stay
+# off until they pass tests/gpu/test_dsa_attn_score.py's float32 gate (status: ops/dsa/attn_score/dense_sm90.py).
+ROUTED = frozenset({"indexer", "topk", "sparse_indexer"})
 
 
 def _module(which):
@@ -20,8 +30,18 @@ def _module(which):
     return import_kernel(_MODULES, which, f"paddle_dsa.ops.dsa.{_NAMES[which]}")
 
 
+def missing(which):
+    """None when the `which` seam serves the Paddle ops, else the reason it does not (for the fallback warning)."""
+    name = f"paddle_dsa.ops.dsa.{_NAMES[which]}"
+    if which not in ROUTED:
+        return f"the {name} kernel is not routed yet (docs/dsa.md, GPU place)"
+    if _module(which) is None:
+        return f"the {name} kernel cannot be imported (is nvidia-cutlass-dsl installed?)"
+    return None
+
+
 def available(which):
-    return _module(which) is not None
+    return missing(which) is None
 
 
 def _empty(shape, dtype):
@@ -29,31 +49,39 @@ def _empty(shape, dtype):
     return paddle.empty(list(shape), dtype=dtype)
 
 
+def _out(t):
+    """Export of an output buffer: never a copy (the port refuses one), so the kernel's writes land in t."""
+    return PORT.export(t, writable=True)
+
+
 def _opt(t):
     return None if t is None else PORT.export(t)
 
 
+def _rows(x, thd):
+    """The row prefix of a [B, Sq, ...] / [Tq, ...] tensor."""
+    shp = list(PORT.shape(x))
+    return shp[:1] if thd else shp[:2]
+
+
 def indexer_scores(index_q, index_k, weights, *, causal, ratio, q_offsets, cu_q, cu_k, max_q, width, with_lse):
     """(scores float32 [B,Sq,Sk] / [Tq,width], lse float32 [B,Sq] / [Tq] or None)."""
-    shp = PORT.shape(index_q)
     thd = cu_q is not None
-    rows = shp[:1] if thd else shp[:2]
-    cols = width if thd else PORT.shape(index_k)[1]
-    scores = _empty(list(rows) + [cols], paddle.float32)
+    rows = _rows(index_q, thd)
+    scores = _empty(rows + [width if thd else PORT.shape(index_k)[1]], paddle.float32)
     lse = _empty(rows, paddle.float32) if with_lse else None
     ex = PORT.export
     _module("indexer").indexer_fwd(
-        ex(index_q), ex(index_k), ex(weights), ex(scores, writable=True),
-        None if lse is None else ex(lse, writable=True), causal=causal, ratio=ratio, q_offsets=_opt(q_offsets),
-        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), max_seqlen_q=max_q, stream=PORT.stream_handle(index_q))
+        ex(index_q), ex(index_k), ex(weights), _out(scores), None if lse is None else _out(lse), causal=causal,
+        ratio=ratio, q_offsets=_opt(q_offsets), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), max_seqlen_q=max_q,
+        stream=PORT.stream_handle(index_q))
     return scores, lse
 
 
 def topk(scores, k, lengths):
     """int32 [..., k] (the leading shape of scores)."""
     out = _empty(list(PORT.shape(scores)[:-1]) + [k], paddle.int32)
-    _module("topk").topk_fwd(PORT.export(scores), PORT.export(out, writable=True), lengths=_opt(lengths),
-                             stream=PORT.stream_handle(scores))
+    _module("topk").topk_fwd(PORT.export(scores), _out(out), lengths=_opt(lengths), stream=PORT.stream_handle(scores))
     return out
 
 
@@ -64,7 +92,35 @@ def sparse_indexer_scores(index_q, index_k, weights, topk_indices, topk_length, 
     lse = _empty(idx_shape[:-1], paddle.float32)
     ex = PORT.export
     _module("sparse_indexer").sparse_indexer_fwd(
-        ex(index_q), ex(index_k), ex(weights), ex(topk_indices), ex(scores, writable=True), ex(lse, writable=True),
+        ex(index_q), ex(index_k), ex(weights), ex(topk_indices), _out(scores), _out(lse),
         topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
         stream=PORT.stream_handle(index_q))
     return scores, lse
+
+
+def dense_attn_scores(query, kv, softmax_lse, *, scale, causal, ratio, q_offsets, cu_q, cu_k, max_q, width):
+    """(attn_score float32 [B,Sq,Sk] / [Tq,width], attn_l1norm float32 [B,Sq] / [Tq]); softmax_lse float32
+    [B,H,Sq] / [H,Tq] as the public API takes it."""
+    thd = cu_q is not None
+    rows = _rows(query, thd)
+    scores = _empty(rows + [width if thd else PORT.shape(kv)[1]], paddle.float32)
+    l1norm = _empty(rows, paddle.float32)
+    ex = PORT.export
+    _module("attn_score").dense_attn_score_fwd(
+        ex(query), ex(kv), ex(softmax_lse), _out(scores), _out(l1norm), softmax_scale=scale, causal=causal,
+        ratio=ratio, q_offsets=_opt(q_offsets), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), max_seqlen_q=max_q,
+        stream=PORT.stream_handle(query))
+    return scores, l1norm
+
+
+def sparse_attn_scores(query, kv, softmax_lse, topk_indices, *, scale, topk_length, cu_q, cu_k):
+    """(attn_score float32 shaped like topk_indices, attn_l1norm float32 of its leading shape)."""
+    idx_shape = PORT.shape(topk_indices)
+    scores = _empty(idx_shape, paddle.float32)
+    l1norm = _empty(idx_shape[:-1], paddle.float32)
+    ex = PORT.export
+    _module("sparse_attn_score").sparse_attn_score_fwd(
+        ex(query), ex(kv), ex(softmax_lse), ex(topk_indices), _out(scores), _out(l1norm), softmax_scale=scale,
+        topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
+        stream=PORT.stream_handle(query))
+    return scores, l1norm

@@ -2,7 +2,10 @@
 
 BSHD tensors become [B * S, ...] views and THD tensors stay [T, ...]; a reference._common.Layout holds
 the per-sequence offsets (host ints). Every check runs before any work and raises through
-validation.fail (TypeError for a kind or dtype, ValueError for a shape or value).
+validation.fail (TypeError for a kind or dtype, ValueError for a shape or value). cu_seqlens values are read
+on the host (host_ints, the one host-read helper) by validation.check_cu_seqlens when
+config.check_cu_seqlens_values is on, and otherwise only on demand (Seq.host: the reference path, or a THD
+extent the caller did not give), so the kernel path can run without a device-to-host copy.
 """
 import warnings
 
@@ -18,30 +21,72 @@ STAT_DTYPES = ("float32", "float64")
 _warned = set()
 
 
-def gpu_fallback_note(op):
-    if op not in _warned:
-        _warned.add(op)
-        warnings.warn(f"paddle_dsa.{op}: no DSA GPU kernel serves this call (none exists for this op yet, or "
-                      "nvidia-cutlass-dsl is not installed); running the pure-Paddle reference path on the GPU")
+def gpu_fallback_note(op, reason):
+    """One warning per (op, reason): a GPU-place call that runs the reference path, and why."""
+    if (op, reason) not in _warned:
+        _warned.add((op, reason))
+        warnings.warn(f"paddle_dsa.{op}: {reason}; running the pure-Paddle reference path on the GPU")
 
 
 def host_ints(t):
+    """The one host read of a small int tensor (cu_seqlens, q_offsets): a device-to-host copy on a GPU."""
     return np.asarray(PORT.to_numpy(t), dtype=np.int64)
 
 
-class Seq:
-    """The sequence structure of a call: BSHD (batch, sq, sk) or THD (cu_seqlens); built by parse_seq."""
+def check_max_seqlen(op, thd, max_seqlen_q, max_seqlen_k):
+    """The optional THD extents of the dense score ops: None or ints >= 0, only with cu_seqlens."""
+    if not thd and (max_seqlen_q is not None or max_seqlen_k is not None):
+        V.fail(op, "`max_seqlen_q` / `max_seqlen_k` describe THD inputs; pass them with `cu_seqlens_q` / "
+                   "`cu_seqlens_k` (BSHD takes them from the shapes)")
+    return tuple(None if v is None else V.check_int(op, name, v, minimum=0)
+                 for name, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)))
 
-    def __init__(self, thd, batch, tq, tk, sq=None, sk=None, cu_q=None, cu_k=None, cu_q_t=None, cu_k_t=None):
-        self.thd, self.batch, self.tq, self.tk = thd, batch, tq, tk
+
+class Seq:
+    """The sequence structure of a call: BSHD (batch, sq, sk) or THD (cu_seqlens); built by parse_seq.
+
+    THD values are read on the host only on demand (host(): the reference path, or an extent the caller did not
+    give), so a kernel call with max_seqlen_q / max_seqlen_k given and config.check_cu_seqlens_values off makes no
+    device-to-host copy."""
+
+    def __init__(self, op, thd, batch, tq, tk, sq=None, sk=None, cu_q_t=None, cu_k_t=None, max_q=None, max_k=None):
+        self.op, self.thd, self.batch, self.tq, self.tk = op, thd, batch, tq, tk
         self.sq, self.sk = sq, sk
-        self.cu_q, self.cu_k = cu_q, cu_k          # host int64 arrays (THD)
         self.cu_tensors = (cu_q_t, cu_k_t)
+        self.max_q, self.max_k = max_q, max_k      # THD extents given by the caller (None: from the values)
+        self._host = None
+
+    def host(self):
+        """(cu_q, cu_k) host int64 arrays, read and validated once (whatever config.check_cu_seqlens_values says:
+        the values are on the host anyway)."""
+        if self._host is None:
+            cu_q, cu_k = (host_ints(t) for t in self.cu_tensors)
+            for name, cu, total, mx in (("cu_seqlens_q", cu_q, self.tq, self.max_q),
+                                        ("cu_seqlens_k", cu_k, self.tk, self.max_k)):
+                if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] > total:
+                    V.fail(self.op, f"`{name}` = {cu.tolist()} must start at 0, be non-decreasing and end within "
+                                    f"the {total} tokens of its tensor")
+                if mx is not None and np.diff(cu).max() > mx:
+                    V.fail(self.op, f"`max_seqlen_{name[-1]}` = {mx} is smaller than the longest segment of "
+                                    f"`{name}` ({int(np.diff(cu).max())})")
+            self._host = (cu_q, cu_k)
+        return self._host
+
+    def width(self):
+        """Score columns: Sk (BSHD); THD max_seqlen_k if given, else the longest key sequence (a host read)."""
+        if not self.thd:
+            return self.sk
+        return self.max_k if self.max_k is not None else int(np.diff(self.host()[1]).max())
+
+    def grid_q(self):
+        """Query rows a THD kernel grid covers per sequence: max_seqlen_q if given, else the longest (host read)."""
+        return self.max_q if self.max_q is not None else int(np.diff(self.host()[0]).max())
 
     def layout(self, q_offsets=None):
         offs = None if q_offsets is None else host_ints(q_offsets)
         if self.thd:
-            return C.Layout.thd(self.tq, self.tk, self.cu_q, self.cu_k, offs)
+            cu_q, cu_k = self.host()
+            return C.Layout.thd(self.tq, self.tk, cu_q, cu_k, offs, width=self.width())
         return C.Layout.bshd(self.batch, self.sq, self.sk, offs)
 
     def rows(self):
@@ -52,12 +97,15 @@ class Seq:
         return "[total_q]" if self.thd else "[batch, seq_q]"
 
 
-def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, cu_seqlens_k):
-    """Ranks of the query-side and key-side tensors, and the cu_seqlens pair; returns (Seq, qs, ks)."""
+def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, cu_seqlens_k, max_q=None,
+              max_k=None):
+    """Ranks of the query-side and key-side tensors, and the cu_seqlens pair; returns (Seq, qs, ks). cu_seqlens
+    values are read here only when config.check_cu_seqlens_values is on (else on demand: Seq.host)."""
     V.check_tensor(op, q_name, q)
     V.check_tensor(op, k_name, k)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         V.fail(op, "`cu_seqlens_q` and `cu_seqlens_k` must be given together (THD) or both left None (BSHD)")
+    max_q, max_k = check_max_seqlen(op, cu_seqlens_q is not None, max_q, max_k)
     if cu_seqlens_q is None:
         qs = V.check_rank(op, q_name, q, q_rank_bshd, "BSHD")
         ks = V.check_rank(op, k_name, k, k_rank_bshd, "BSHD")
@@ -65,27 +113,26 @@ def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, 
         V.check_positive_dims(op, k_name, ks, range(k_rank_bshd))
         if qs[0] != ks[0]:
             V.fail(op, f"`{q_name}` batch {qs[0]} != `{k_name}` batch {ks[0]}")
-        seq = Seq(False, qs[0], qs[0] * qs[1], ks[0] * ks[1], sq=qs[1], sk=ks[1])
+        seq = Seq(op, False, qs[0], qs[0] * qs[1], ks[0] * ks[1], sq=qs[1], sk=ks[1])
         seq.q_ref, seq.k_ref = q, k
         return seq, qs[2:], ks[2:]
     qs = V.check_rank(op, q_name, q, q_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
     ks = V.check_rank(op, k_name, k, k_rank_bshd - 1, "THD: batch and sequence merged into one token axis")
     V.check_positive_dims(op, q_name, qs, range(1, len(qs)))
     V.check_positive_dims(op, k_name, ks, range(1, len(ks)))
-    bq = V.check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, qs[0], "the token count", qs[0])
-    bk = V.check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, ks[0], "the token count", ks[0])
+    bq = V.check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, qs[0], *_max_arg("q", max_q, qs[0]))
+    bk = V.check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, ks[0], *_max_arg("k", max_k, ks[0]))
     if bq != bk:
         V.fail(op, f"`cu_seqlens_q` and `cu_seqlens_k` must describe the same batch, got {bq} and {bk} sequences")
     V.check_same_place(op, (q_name, "cu_seqlens_q", "cu_seqlens_k"), (q, cu_seqlens_q, cu_seqlens_k))
-    cu_q, cu_k = host_ints(cu_seqlens_q), host_ints(cu_seqlens_k)
-    for name, cu, total in (("cu_seqlens_q", cu_q, qs[0]), ("cu_seqlens_k", cu_k, ks[0])):
-        # The reference path reads the values even when config.check_cu_seqlens_values is off.
-        if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] > total:
-            V.fail(op, f"`{name}` = {cu.tolist()} must start at 0, be non-decreasing and end within the "
-                       f"{total} tokens of its tensor")
-    seq = Seq(True, bq, qs[0], ks[0], cu_q=cu_q, cu_k=cu_k, cu_q_t=cu_seqlens_q, cu_k_t=cu_seqlens_k)
+    seq = Seq(op, True, bq, qs[0], ks[0], cu_q_t=cu_seqlens_q, cu_k_t=cu_seqlens_k, max_q=max_q, max_k=max_k)
     seq.q_ref, seq.k_ref = q, k
     return seq, qs[1:], ks[1:]
+
+
+def _max_arg(side, given, tokens):
+    """(name, bound) of the segment-length check of validation.check_cu_seqlens."""
+    return (f"max_seqlen_{side}", given) if given is not None else ("the token count", tokens)
 
 
 def flat_rows(seq, x):
@@ -103,9 +150,10 @@ def check_causal(op, seq, causal, ratio, q_offsets):
     return causal, ratio
 
 
-def check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k):
+def check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k, max_q=None, max_k=None):
     """index_q [B,Sq,Hi,Di] / [Tq,Hi,Di], index_k [B,Sk,Di] / [Tk,Di], weights [B,Sq,Hi] / [Tq,Hi]."""
-    seq, (hi, di), (dk,) = parse_seq(op, "index_q", index_q, "index_k", index_k, 4, 3, cu_seqlens_q, cu_seqlens_k)
+    seq, (hi, di), (dk,) = parse_seq(op, "index_q", index_q, "index_k", index_k, 4, 3, cu_seqlens_q, cu_seqlens_k,
+                                     max_q, max_k)
     V.check_tensor(op, "weights", weights)
     V.check_dtype(op, "index_q", index_q, REF_DTYPES)
     V.check_same_dtype(op, ("index_q", "index_k"), (index_q, index_k))
@@ -134,10 +182,10 @@ def check_indexer_table(op, index_q, weights, hi, di):
     V.check_in_table(op, "index head count", hi, SUPPORTED.INDEX_HEADS)
 
 
-def check_attention(op, query, kv, seq=None, cu_seqlens_q=None, cu_seqlens_k=None):
+def check_attention(op, query, kv, seq=None, cu_seqlens_q=None, cu_seqlens_k=None, max_q=None, max_k=None):
     """query [B,Sq,H,Dqk] / [Tq,H,Dqk], kv [B,Skv,Dqk] / [Tkv,Dqk]. With seq given (the indexer's),
     query and kv must share its sequence structure (same rows and keys)."""
-    s2, (h, dqk), (dkv,) = parse_seq(op, "query", query, "kv", kv, 4, 3, cu_seqlens_q, cu_seqlens_k)
+    s2, (h, dqk), (dkv,) = parse_seq(op, "query", query, "kv", kv, 4, 3, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     V.check_dtype(op, "query", query, REF_DTYPES)
     V.check_same_dtype(op, ("query", "kv"), (query, kv))
     if dkv != dqk:
@@ -165,18 +213,23 @@ def check_attention_table(op, query, h, dqk, dv=None):
     V.check_in_table(op, "query head count", h, SUPPORTED.QUERY_HEADS)
 
 
-def lse_rows(op, seq, softmax_lse, h, place_ref):
-    """softmax_lse float32 [B, H, Sq] (BSHD) or [H, Tq] (THD), as sparse_attention returns -> [Tq, H]."""
+def check_lse(op, seq, softmax_lse, h, place_ref):
+    """softmax_lse float32 (or float64) [B, H, Sq] (BSHD) or [H, Tq] (THD), as sparse_attention returns it."""
     V.check_tensor(op, "softmax_lse", softmax_lse)
     V.check_dtype(op, "softmax_lse", softmax_lse, STAT_DTYPES)
     if seq.thd:
         V.check_shape(op, "softmax_lse", softmax_lse, (h, seq.tq), "[heads, total_q]")
-        out = softmax_lse.transpose([1, 0])
     else:
         V.check_shape(op, "softmax_lse", softmax_lse, (seq.batch, h, seq.sq), "[batch, heads, seq_q]")
-        out = softmax_lse.transpose([0, 2, 1]).reshape([seq.tq, h])
     V.check_same_place(op, ("query", "softmax_lse"), (place_ref, softmax_lse))
-    return out
+
+
+def lse_rows(op, seq, softmax_lse, h, place_ref):
+    """check_lse, then the reference path's token-major view [Tq, H]."""
+    check_lse(op, seq, softmax_lse, h, place_ref)
+    if seq.thd:
+        return softmax_lse.transpose([1, 0])
+    return softmax_lse.transpose([0, 2, 1]).reshape([seq.tq, h])
 
 
 def check_topk_indices(op, seq, topk_indices, topk_length, place_ref, ref_name="query"):

@@ -3,9 +3,16 @@
 Semantics, clamps and masked-row conventions: docs/dsa.md. Layouts: BSHD (batch and sequence axes) or
 THD (packed: the two merged into one token axis, with cu_seqlens_q / cu_seqlens_k int32 [batch + 1];
 top-k indices and score columns are local to each sequence). On a CUDA place the shapes are checked
-against ops/dsa/supported.py (ValueError outside it); indexer_score, dense_indexer_score_recompute, indexer_topk and
-sparse_indexer_score_recompute then run on the ops.dsa kernels (paddle_dsa/kernels/dsa.py), the other ops on the
-pure-Paddle reference path (paddle_dsa.reference.dsa) on the GPU, with a one-time warning.
+against ops/dsa/supported.py (ValueError outside it), then (_route):
+- an empty problem (no row, no key, zero score columns or slots) gets its documented result built in Paddle (scores
+  -inf / 0, lse and l1norm 0, top-k -1), no launch;
+- indexer_score, dense_indexer_score_recompute, indexer_topk (k <= 2048), sparse_indexer_score_recompute and the
+  two attention-score recomputes call their ops.dsa seam (paddle_dsa/kernels/dsa.py) when it imports and is routed
+  (kernels/dsa.py ROUTED); otherwise, and for every other op, the pure-Paddle reference path (paddle_dsa.reference.
+  dsa) runs on the GPU with a one-time warning naming what is missing.
+The kernel path reads nothing on the host except THD extents it was not given (max_seqlen_q / max_seqlen_k) and,
+with config.check_cu_seqlens_values on, the cu_seqlens it validates; the reference path reads cu_seqlens and
+q_offsets.
 """
 import math
 
@@ -44,43 +51,87 @@ def _start(op):
 
 
 def _gpu(op, on_gpu):
+    """An op with no kernel yet: the reference path, with the one-time warning on a GPU place."""
     if on_gpu:
-        I.gpu_fallback_note(op)
+        I.gpu_fallback_note(op, "no GPU kernel exists for this op yet")
 
 
-def _use_kernel(op, on_gpu, which, nonempty=True):
-    """True when this call runs on an ops.dsa kernel: a GPU place, the kernel installed, a problem it can describe
-    (no empty axis). Otherwise the reference path (on a GPU place with the one-time fallback warning)."""
-    if on_gpu and nonempty and gpu.available(which):
-        return True
-    _gpu(op, on_gpu)
-    return False
+def _route(op, on_gpu, which, empty=False, why_not=None):
+    """How a call of a kernel-backed op runs: "kernel" (GPU place, the ops.dsa seam `which` serves it), "empty" (GPU
+    place, an empty axis: nothing to compute, Paddle builds the documented result, no launch) or "reference" (a CPU
+    place; or a GPU place where the seam does not serve it, with the one-time warning saying why)."""
+    if not on_gpu:
+        return "reference"
+    if empty:
+        return "empty"
+    reason = why_not or gpu.missing(which)
+    if reason is None:
+        return "kernel"
+    I.gpu_fallback_note(op, reason)
+    return "reference"
+
+
+def _dense_empty(seq):
+    """A dense score problem with nothing to compute (THD: no query row, no key, or zero score columns; BSHD axes
+    are never empty). The width may need a host read: only when the caller gave no max_seqlen_k."""
+    return seq.thd and (seq.tq == 0 or seq.tk == 0 or seq.width() == 0)
+
+
+def _filled(shape, value, dtype=_F32):
+    return paddle.full(list(shape), value, dtype=dtype)
+
+
+def _empty_scores(seq, cols, score_fill):
+    """The documented result of an empty problem: scores [rows, cols] all score_fill (-inf: index, 0: attention)
+    and the row statistic 0 (index_lse, attn_l1norm)."""
+    return _filled(seq.rows() + (cols,), score_fill), _filled(seq.rows(), 0.0)
+
+
+def _ref_layout(seq, q_offsets, causal, ratio):
+    """The reference path's layout and per-row causal limits (reads cu_seqlens and q_offsets on the host)."""
+    layout = seq.layout(q_offsets)
+    return layout, C.row_limits(layout, causal, ratio)
+
+
+def _thd_args(seq):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a dense kernel seam: tensors and a host int, no host read when
+    the caller gave max_seqlen_q."""
+    if not seq.thd:
+        return None, None, 0
+    return seq.cu_tensors + (seq.grid_q(),)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Lightning indexer
 # ----------------------------------------------------------------------------------------------------
-def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q, cu_seqlens_k, kernel=None):
-    """Checked arguments of a dense indexer op: (seq, layout, limits, use_kernel). kernel: the ops.dsa kernel that
-    serves this op on a GPU place (None: the reference path, with the fallback warning)."""
-    seq, hi, di, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                 max_seqlen_k=None, kernel=None):
+    """Checked arguments of a dense indexer op: (seq, causal, ratio, route). kernel: the ops.dsa seam that serves this
+    op on a GPU place (None: the reference path, with the fallback warning)."""
+    seq, hi, di, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                          max_seqlen_k)
     causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
     V.check_same_place(op, ("index_q", "q_offsets"), (index_q, index_q if q_offsets is None else q_offsets))
-    layout = seq.layout(q_offsets)
-    limits = C.row_limits(layout, causal, ratio)
     if kernel is None:
         _gpu(op, on_gpu)
-        return seq, layout, limits, False
-    nonempty = layout.tq > 0 and layout.tk > 0 and layout.width > 0
-    return seq, layout, limits, _use_kernel(op, on_gpu, kernel, nonempty)
+        return seq, causal, ratio, "reference"
+    return seq, causal, ratio, _route(op, on_gpu, kernel, on_gpu and _dense_empty(seq))
 
 
-def _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, with_lse):
-    """indexer scores (and lse) from the ops.dsa.indexer kernel, in the public shapes."""
-    max_q = max((seg[1] for seg in layout.segments), default=0) if seq.thd else 0
-    cu_q, cu_k = seq.cu_tensors if seq.thd else (None, None)
-    return gpu.indexer_scores(index_q, index_k, weights, causal=causal, ratio=ratio, q_offsets=q_offsets, cu_q=cu_q,
-                              cu_k=cu_k, max_q=max_q, width=layout.width, with_lse=with_lse)
+def _dense_index_scores(seq, route, index_q, index_k, weights, causal, ratio, q_offsets, with_lse):
+    """(scores, lse) in the public shapes, lse None unless with_lse."""
+    if route == "empty":
+        s, lse = _empty_scores(seq, seq.width(), C.NEG_INF)
+    elif route == "kernel":
+        cu_q, cu_k, max_q = _thd_args(seq)
+        s, lse = gpu.indexer_scores(index_q, index_k, weights, causal=causal, ratio=ratio, q_offsets=q_offsets,
+                                    cu_q=cu_q, cu_k=cu_k, max_q=max_q, width=seq.width(), with_lse=with_lse)
+    else:
+        layout, limits = _ref_layout(seq, q_offsets, causal, ratio)
+        out = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32,
+                                     with_lse=with_lse)
+        s, lse = _public_rows(layout, *out) if with_lse else (layout.rows_to_public(out), None)
+    return s, (lse if with_lse else None)
 
 
 def _index_rows(seq, index_q, index_k, weights):
@@ -88,7 +139,7 @@ def _index_rows(seq, index_q, index_k, weights):
 
 
 def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
-                  cu_seqlens_k=None):
+                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Lightning-indexer scores S[b,i,j] = sum_h weights[b,i,h] * relu(index_q[b,i,h,:] . index_k[b,j,:]).
 
     Args:
@@ -99,6 +150,9 @@ def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=
         ratio: key compression ratio (int >= 1). q_offsets: int32 [batch], absolute position of each
             sequence's first local query (default 0).
         cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] for THD.
+        max_seqlen_q, max_seqlen_k: THD only, optional host ints >= the longest query / key sequence:
+            max_seqlen_k is the output width, max_seqlen_q sizes the kernel grid. With both given and
+            config.check_cu_seqlens_values off, the GPU path reads nothing on the host (CUDA-graph safe).
     Returns:
         float32 [B, Sq, Sk] (THD: [Tq, max_seqlen_k], columns local to each row's sequence, -inf past
         its length; rows at or past cu_seqlens_q[-1] all -inf); invisible entries -inf. No gradient
@@ -106,13 +160,10 @@ def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=
     """
     op = "indexer_score"
     _start(op)
-    seq, layout, limits, kernel = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                               cu_seqlens_q, cu_seqlens_k, kernel="indexer")
+    seq, causal, ratio, route = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel="indexer")
     with paddle.no_grad():
-        if kernel:
-            return _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, False)[0]
-        s = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32)
-        return layout.rows_to_public(s)
+        return _dense_index_scores(seq, route, index_q, index_k, weights, causal, ratio, q_offsets, False)[0]
 
 
 def indexer_topk(scores, k, *, lengths=None):
@@ -146,7 +197,11 @@ def indexer_topk(scores, k, *, lengths=None):
     rows = 1
     for d in shp[:-1]:
         rows *= d
-    if _use_kernel(op, on_gpu, "topk", rows > 0 and shp[-1] > 0 and k <= SUPPORTED.TOPK_MAX_K):
+    too_wide = f"k = {k} > {SUPPORTED.TOPK_MAX_K}, the top-k kernel's limit" if k > SUPPORTED.TOPK_MAX_K else None
+    route = _route(op, on_gpu, "topk", rows == 0 or shp[-1] == 0, too_wide)
+    if route == "empty":                    # no row, or no column to select: -1 everywhere
+        return _filled(list(shp[:-1]) + [k], -1, paddle.int32)
+    if route == "kernel":
         with paddle.no_grad():
             return gpu.topk(scores, k, lengths)
     with paddle.no_grad():
@@ -251,9 +306,13 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
 # ----------------------------------------------------------------------------------------------------
 def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor, ref_name="index_q"):
     idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor, ref_name)
+    return _slots(seq, idx, tl, place_tensor) + (k,)
+
+
+def _slots(seq, idx, tl, place_tensor):
+    """The reference path's (layout, global slot index, slot validity) of checked [Tq, K] top-k indices."""
     layout = seq.layout()
-    gidx, valid = C.slot_validity(layout, idx, tl, place_tensor.place)
-    return layout, gidx, valid, k
+    return (layout,) + C.slot_validity(layout, idx, tl, place_tensor.place)
 
 
 def _public_rows(layout, *tensors):
@@ -261,53 +320,65 @@ def _public_rows(layout, *tensors):
 
 
 def dense_indexer_score_recompute(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=None,
-                                  cu_seqlens_q=None, cu_seqlens_k=None):
+                                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """(index_score float32 [B, Sq, Sk] as indexer_score (-inf where masked), index_lse float32 [B, Sq]).
 
     index_lse = logsumexp of the row's visible scores (natural log); 0 for a row with no visible key,
     including THD rows at or past cu_seqlens_q[-1], so exp(index_score - index_lse) is 0 there.
-    THD: scores [Tq, max_seqlen_k], index_lse [Tq].
+    THD: scores [Tq, max_seqlen_k], index_lse [Tq]; max_seqlen_q / max_seqlen_k as in indexer_score.
     """
     op = "dense_indexer_score_recompute"
     _start(op)
-    seq, layout, limits, kernel = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                               cu_seqlens_q, cu_seqlens_k, kernel="indexer")
+    seq, causal, ratio, route = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel="indexer")
     with paddle.no_grad():
-        if kernel:
-            return _kernel_index_scores(seq, layout, index_q, index_k, weights, causal, ratio, q_offsets, True)
-        s, lse = ref_index.dense_scores(*_index_rows(seq, index_q, index_k, weights), layout, limits, _F32,
-                                        with_lse=True)
-        return _public_rows(layout, s, lse)
+        return _dense_index_scores(seq, route, index_q, index_k, weights, causal, ratio, q_offsets, True)
 
 
-def _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k):
-    seq, h, dqk = I.check_attention(op, query, kv, None, cu_seqlens_q, cu_seqlens_k)
+def _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_q=None, max_k=None):
+    """Checked arguments of an attention-score recompute: (seq, heads, scale, on_gpu)."""
+    seq, h, dqk = I.check_attention(op, query, kv, None, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
-    lse = I.lse_rows(op, seq, softmax_lse, h, query)
+    I.check_lse(op, seq, softmax_lse, h, query)
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
         I.check_attention_table(op, query, h, dqk)
-    return seq, scale, lse, on_gpu
+    return seq, h, scale, on_gpu
+
+
+def _lse_f32(softmax_lse):
+    """The kernels take a float32 softmax_lse; a float64 one is rounded to float32 (as the reference path's float32
+    arithmetic does). An input conversion, never an output."""
+    return softmax_lse if softmax_lse.dtype == _F32 else softmax_lse.astype(_F32)
 
 
 def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, causal=True, ratio=1, q_offsets=None,
-                               cu_seqlens_q=None, cu_seqlens_k=None):
+                               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """(attn_score float32 [B, Sq, Sk], attn_l1norm float32 [B, Sq]).
 
     attn_score[b,i,j] = sum_h exp(clamp(softmax_scale * query[b,i,h] . kv[b,j] - softmax_lse[b,h,i])) over
     the keys the indexer sees (same causal / ratio / q_offsets rule), 0 elsewhere; attn_l1norm = row
     sums. softmax_lse: float32 [B, H, Sq] (THD [H, Tq]) as sparse_attention returns it. The exp argument
     is clamped to at most 120 ln 2 and flushed to 0 below -126 ln 2; values saturate at FLT_MAX.
-    THD rows at or past cu_seqlens_q[-1]: score 0, l1norm 0.
+    THD rows at or past cu_seqlens_q[-1]: score 0, l1norm 0. THD: [Tq, max_seqlen_k] and [Tq]; max_seqlen_q /
+    max_seqlen_k as in indexer_score.
     """
     op = "dense_attn_score_recompute"
     _start(op)
-    seq, scale, lse, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    seq, h, scale, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q, max_seqlen_k)
     causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
-    _gpu(op, on_gpu)
-    layout = seq.layout(q_offsets)
-    limits = C.row_limits(layout, causal, ratio)
+    V.check_same_place(op, ("query", "q_offsets"), (query, query if q_offsets is None else q_offsets))
+    route = _route(op, on_gpu, "attn_score", on_gpu and _dense_empty(seq))
     with paddle.no_grad():
+        if route == "empty":
+            return _empty_scores(seq, seq.width(), 0.0)
+        if route == "kernel":
+            cu_q, cu_k, max_q = _thd_args(seq)
+            return gpu.dense_attn_scores(query, kv, _lse_f32(softmax_lse), scale=scale, causal=causal, ratio=ratio,
+                                         q_offsets=q_offsets, cu_q=cu_q, cu_k=cu_k, max_q=max_q, width=seq.width())
+        layout, limits = _ref_layout(seq, q_offsets, causal, ratio)
+        lse = I.lse_rows(op, seq, softmax_lse, h, query)
         a, l1 = ref_attn.dense(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, layout, limits, _F32)
         return _public_rows(layout, a, l1)
 
@@ -329,7 +400,8 @@ def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, at
     """Gradients of the dense indexer KL loss: (d_index_q, d_index_k, d_weights) in the inputs' dtypes.
 
     index_score / index_lse from dense_indexer_score_recompute, attn_score / attn_l1norm from
-    dense_attn_score_recompute (same causal / ratio / q_offsets / cu_seqlens), grad_loss: the incoming
+    dense_attn_score_recompute (same causal / ratio / q_offsets / cu_seqlens; THD: any width >= the longest key
+    sequence, as a max_seqlen_k given to them makes it), grad_loss: the incoming
     gradient of the loss (one-element tensor, or a number). With c = loss_coeff * grad_loss / N (N = B*Sq,
     THD cu_seqlens_q[-1]), P = exp(index_score - index_lse), T = max(attn_score / max(attn_l1norm, 1e-10),
     e^-100): G = g - P * sum(g), g = -c * T * 1[index_score - index_lse >= -100], and G flows through
@@ -337,8 +409,12 @@ def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, at
     """
     op = "dense_indexer_backward"
     _start(op)
-    seq, layout, limits, _ = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets,
-                                          cu_seqlens_q, cu_seqlens_k)
+    seq, causal, ratio, _ = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q,
+                                         cu_seqlens_k)
+    layout, limits = _ref_layout(seq, q_offsets, causal, ratio)
+    if seq.thd and PORT.is_tensor(index_score) and len(PORT.shape(index_score)) == 2:
+        # scores of a recompute given max_seqlen_k are wider than the longest key sequence: any width >= it
+        layout.width = max(layout.width, PORT.shape(index_score)[1])
     s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
                                       (index_score, index_lse, attn_score, attn_l1norm), layout.width)
     V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
@@ -363,14 +439,15 @@ def sparse_indexer_score_recompute(index_q, index_k, weights, topk_indices, *, t
     op = "sparse_indexer_score_recompute"
     _start(op)
     seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
-    nonempty = seq.tq > 0 and seq.tk > 0 and PORT.shape(topk_indices)[-1] > 0
-    if _use_kernel(op, on_gpu, "sparse_indexer", nonempty):
-        I.check_topk_indices(op, seq, topk_indices, topk_length, index_q)
-        cu_q, cu_k = seq.cu_tensors if seq.thd else (None, None)
-        with paddle.no_grad():
-            return gpu.sparse_indexer_scores(index_q, index_k, weights, topk_indices, topk_length, cu_q, cu_k)
-    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, index_q, "index_q")
+    route = _route(op, on_gpu, "sparse_indexer", seq.tq == 0 or seq.tk == 0 or k == 0)
     with paddle.no_grad():
+        if route == "empty":                # no row, no slot, or no key (every slot invalid)
+            return _empty_scores(seq, k, C.NEG_INF)
+        if route == "kernel":               # the seam finds each row's sequence on the device: no host read
+            cu_q, cu_k = seq.cu_tensors
+            return gpu.sparse_indexer_scores(index_q, index_k, weights, topk_indices, topk_length, cu_q, cu_k)
+        layout, gidx, valid = _slots(seq, idx, tl, index_q)
         s = ref_index.sparse_scores(*_index_rows(seq, index_q, index_k, weights), gidx, valid)
         return _public_rows(layout, s, ref_index.index_lse(s, valid))
 
@@ -381,10 +458,18 @@ def sparse_attn_score_recompute(query, kv, softmax_lse, topk_indices, *, softmax
     recompute's formula and clamps at the valid slots, 0 at invalid ones."""
     op = "sparse_attn_score_recompute"
     _start(op)
-    seq, scale, lse, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
-    layout, gidx, valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, query, "query")
-    _gpu(op, on_gpu)
+    seq, h, scale, on_gpu = _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, query)
+    route = _route(op, on_gpu, "sparse_attn_score", seq.tq == 0 or seq.tk == 0 or k == 0)
     with paddle.no_grad():
+        if route == "empty":
+            return _empty_scores(seq, k, 0.0)
+        if route == "kernel":
+            cu_q, cu_k = seq.cu_tensors
+            return gpu.sparse_attn_scores(query, kv, _lse_f32(softmax_lse), topk_indices, scale=scale,
+                                          topk_length=topk_length, cu_q=cu_q, cu_k=cu_k)
+        layout, gidx, valid = _slots(seq, idx, tl, query)
+        lse = I.lse_rows(op, seq, softmax_lse, h, query)
         a, l1 = ref_attn.sparse(I.flat_rows(seq, query), I.flat_rows(seq, kv), lse, scale, gidx, valid)
         return _public_rows(layout, a, l1)
 

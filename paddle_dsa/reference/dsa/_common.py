@@ -57,7 +57,7 @@ class Layout:
 
     Query rows are tokens 0..Tq-1 of a [Tq, ...] tensor, keys tokens 0..Tk-1 of a [Tk, ...] tensor.
     segments: list of (q_start, q_len, k_start, k_len, q_offset) per sequence (host ints).
-    width: the score width (Sk for BSHD, max key length for THD).
+    width: the score width (Sk for BSHD; THD: max_seqlen_k when the caller gives it, else the max key length).
     norm_rows: N of the loss normalisation (B * Sq for BSHD, cu_seqlens_q[-1] for THD).
     Rows of THD past cu_seqlens_q[-1] belong to no segment.
     """
@@ -77,14 +77,15 @@ class Layout:
         return Layout(b * sq, b * sk, segs, sk, (b, sq), b * sq)
 
     @staticmethod
-    def thd(tq, tk, cu_q, cu_k, q_offsets=None):
+    def thd(tq, tk, cu_q, cu_k, q_offsets=None, width=None):
         cu_q = np.asarray(cu_q, np.int64)
         cu_k = np.asarray(cu_k, np.int64)
         b = len(cu_q) - 1
         offs = np.zeros(b, np.int64) if q_offsets is None else np.asarray(q_offsets, np.int64)
         segs = [(int(cu_q[i]), int(cu_q[i + 1] - cu_q[i]), int(cu_k[i]), int(cu_k[i + 1] - cu_k[i]), int(offs[i]))
                 for i in range(b)]
-        width = int(np.diff(cu_k).max()) if b else 0
+        if width is None:   # else the caller's max_seqlen_k (>= every key length; columns past one are masked)
+            width = int(np.diff(cu_k).max()) if b else 0
         return Layout(tq, tk, segs, width, None, int(cu_q[-1]))
 
     def row_arrays(self):

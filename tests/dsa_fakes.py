@@ -1,0 +1,152 @@
+"""Fake ops.dsa seams for the CPU tests of the Paddle side (tests/test_dsa_kernel_seam.py).
+
+Each fake has the keyword signature of its ops.dsa module (test_seam_signatures_match_ops_modules checks it), reads
+its inputs back through DLPack, computes with the reference path, checks the shape contract the real seam checks
+(scores width >= the longest key sequence, max_seqlen_q >= the longest query sequence) and writes every output
+element through the raw DLPack pointer, as a kernel would. ``install`` puts them in place of the modules.
+"""
+import types
+
+import numpy as np
+import paddle
+
+from paddle_dsa._port import PORT
+from paddle_dsa.kernels import dsa as seam
+from paddle_dsa.reference.dsa import _common as C
+from paddle_dsa.reference.dsa import attn_score as ref_attn
+from paddle_dsa.reference.dsa import indexer as ref_index
+from paddle_dsa.reference.dsa import topk as ref_topk
+
+from dlpack_io import read, write
+
+STREAM = 4321
+SEAMS = {"indexer": ("indexer/fwd.py", "indexer_fwd"), "topk": ("topk/fwd.py", "topk_fwd"),
+         "sparse_indexer": ("indexer/sparse.py", "sparse_indexer_fwd"),
+         "attn_score": ("attn_score/dense.py", "dense_attn_score_fwd"),
+         "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd")}
+
+
+def _layout(q, k, q_offsets, cq, ck, width=None):
+    """The reference Layout of a call, THD width taken from the output buffer (the seam's contract)."""
+    offs = None if q_offsets is None else q_offsets.numpy()
+    if cq is None:
+        return C.Layout.bshd(q.shape[0], q.shape[1], k.shape[1], offs)
+    cq, ck = cq.numpy(), ck.numpy()
+    if width is not None:    # dense: the scores buffer's width
+        assert width >= np.diff(ck).max(), ("scores narrower than the longest key sequence", width, ck)
+    return C.Layout.thd(q.shape[0], k.shape[0], cq, ck, offs, width=width)
+
+
+def _rows(x, thd):
+    return x if thd else x.reshape([x.shape[0] * x.shape[1]] + list(x.shape[2:]))
+
+
+def _lse_rows(lse, thd):
+    """softmax_lse [B,H,Sq] / [H,Tq] as the public API takes it -> [Tq, H]."""
+    if thd:
+        return lse.transpose([1, 0])
+    b, h, sq = lse.shape
+    return lse.transpose([0, 2, 1]).reshape([b * sq, h])
+
+
+def _put(dst, src):
+    write(dst, src.astype("float32").reshape(read(dst).shape))
+
+
+class FakeKernels:
+    def __init__(self):
+        self.calls = []
+
+    def _dense_call(self, name, q, k, q_offsets, cu_q, cu_k, max_seqlen_q, scores, causal, ratio, stream):
+        self.calls.append((name, stream))
+        # the real seams write nothing for an empty problem and refuse zero keys: the caller must not send them
+        assert q.shape[0] > 0 and q.shape[1] > 0 and read(scores).shape[-1] > 0, "empty problem sent to a kernel"
+        assert k.shape[0] > 0 and (cu_q is not None or k.shape[1] > 0), "zero keys sent to a kernel"
+        cq, ck = read(cu_q), read(cu_k)
+        thd = cq is not None
+        layout = _layout(q, k, read(q_offsets), cq, ck, read(scores).shape[-1] if thd else None)
+        if thd:
+            assert max_seqlen_q >= max(seg[1] for seg in layout.segments), "max_seqlen_q below the longest query"
+        return thd, layout, C.row_limits(layout, causal, ratio)
+
+    def indexer_fwd(self, index_q, index_k, weights, scores, lse=None, *, causal=True, ratio=1, q_offsets=None,
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, stream=0):
+        q, k, w = read(index_q), read(index_k), read(weights)
+        thd, layout, limits = self._dense_call("indexer", q, k, q_offsets, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                               scores, causal, ratio, stream)
+        self.calls[-1] += (lse is not None,)
+        s, l = ref_index.dense_scores(_rows(q, thd), _rows(k, thd), _rows(w, thd), layout, limits, paddle.float32,
+                                      with_lse=True)
+        _put(scores, s)
+        if lse is not None:
+            _put(lse, l)
+
+    def topk_fwd(self, scores, out, *, lengths=None, stream=0):
+        self.calls.append(("topk", stream))
+        s, ln = read(scores), read(lengths)
+        k = read(out).shape[-1]
+        rows = int(np.prod(s.shape[:-1]))
+        assert rows > 0 and s.shape[-1] > 0, "the real seam refuses an empty problem"
+        idx = ref_topk.topk(s.reshape([rows, s.shape[-1]]), k, None if ln is None else ln.reshape([rows]))
+        write(out, idx.reshape(read(out).shape))
+
+    def _slots(self, name, q, k, topk_indices, topk_length, cu_q, cu_k, stream):
+        self.calls.append((name, stream))
+        idx, tl, cq, ck = (read(x) for x in (topk_indices, topk_length, cu_q, cu_k))
+        assert 0 not in idx.shape, "empty problem sent to a kernel"
+        assert k.shape[0] > 0 and (cq is not None or k.shape[1] > 0), "zero keys sent to a kernel"
+        thd = cq is not None
+        layout = _layout(q, k, None, cq, ck)
+        kk = idx.shape[-1]
+        gidx, valid = C.slot_validity(layout, idx.reshape([layout.tq, kk]), None if tl is None else tl.reshape([-1]),
+                                      q.place)
+        return thd, gidx, valid
+
+    def sparse_indexer_fwd(self, index_q, index_k, weights, topk_indices, scores, lse, *, topk_length=None,
+                           cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+        q, k, w = read(index_q), read(index_k), read(weights)
+        thd, gidx, valid = self._slots("sparse_indexer", q, k, topk_indices, topk_length, cu_seqlens_q, cu_seqlens_k,
+                                       stream)
+        s = ref_index.sparse_scores(_rows(q, thd), _rows(k, thd), _rows(w, thd), gidx, valid)
+        _put(scores, s)
+        _put(lse, ref_index.index_lse(s, valid))
+
+    def dense_attn_score_fwd(self, query, kv, softmax_lse, scores, l1norm, *, softmax_scale, causal=True, ratio=1,
+                             q_offsets=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, stream=0):
+        q, k, lse = read(query), read(kv), read(softmax_lse)
+        assert lse.dtype == paddle.float32
+        thd, layout, limits = self._dense_call("attn_score", q, k, q_offsets, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, scores, causal, ratio, stream)
+        a, l1 = ref_attn.dense(_rows(q, thd), _rows(k, thd), _lse_rows(lse, thd), softmax_scale, layout, limits)
+        _put(scores, a)
+        _put(l1norm, l1)
+
+    def sparse_attn_score_fwd(self, query, kv, softmax_lse, topk_indices, scores, l1norm, *, softmax_scale,
+                              topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+        q, k, lse = read(query), read(kv), read(softmax_lse)
+        assert lse.dtype == paddle.float32
+        thd, gidx, valid = self._slots("sparse_attn_score", q, k, topk_indices, topk_length, cu_seqlens_q,
+                                       cu_seqlens_k, stream)
+        a, l1 = ref_attn.sparse(_rows(q, thd), _rows(k, thd), _lse_rows(lse, thd), softmax_scale, gidx, valid)
+        _put(scores, a)
+        _put(l1norm, l1)
+
+
+def poisoned_empty(shape, dtype):
+    """_empty for the tests: NaN (int32: -7), so an element the kernel did not write, or a buffer the seam did not
+    hand to the kernel (a copy), shows up in the results."""
+    return paddle.full(list(shape), -7 if dtype == paddle.int32 else float("nan"), dtype=dtype)
+
+
+def install(monkeypatch, routed=True):
+    """Fake modules for every seam, PORT.is_gpu True, a fixed stream, a poisoned _empty. routed: also route the
+    seams that kernels/dsa.py keeps off (ROUTED), so their Paddle side runs too."""
+    kernels = FakeKernels()
+    mod = types.SimpleNamespace(**{fn: getattr(kernels, fn) for _, fn in SEAMS.values()})
+    monkeypatch.setattr(seam, "_MODULES", {name: mod for name in seam._NAMES})
+    if routed:
+        monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES))
+    monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
+    monkeypatch.setattr(PORT, "stream_handle", lambda t: STREAM)
+    monkeypatch.setattr(seam, "_empty", poisoned_empty)
+    return kernels
