@@ -17,7 +17,7 @@ Timing: bench/timing.device_time (median device time of one call, CUDA events, h
 Peers: cuDNN frontend 1.32.0 packed by ../shared/device/pack-cudnn-fe.sh (source .device/extra/unpack.sh); a
 peer that is missing or fails prints its error in the notes and leaves its column empty.
 
-Run:  python bench/dsa_indexer.py [--quick] [--iters N] [--csv PATH]
+Run:  python bench/dsa_indexer.py [--quick] [--iters N] [--csv PATH] [--rows SUBSTRING ...]
 """
 import argparse
 import csv
@@ -213,50 +213,57 @@ def fmt(x, w=8, p=2):
     return f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
 
 
+def print_row(name, res, flops, notes, out):
+    o, c, e = res.get("ours"), res.get("cudnn"), res.get("eager")
+    tf = lambda t: None if t is None else flops / t / 1e12  # noqa: E731
+    ms = lambda t: None if t is None else t * 1e3  # noqa: E731
+    ratio = lambda p: None if (p is None or o is None) else p / o  # noqa: E731
+    print(f"{name:30s} {fmt(ms(o))} {fmt(ms(c))} {fmt(ms(e))} {fmt(tf(o), p=0)} {fmt(tf(c), p=0)} "
+          f"{fmt(ratio(c))} {fmt(ratio(e))}", flush=True)
+    if "ours_topk" in res or "cudnn_topk" in res:
+        ot, ct, et = res.get("ours_topk"), res.get("cudnn_topk"), res.get("eager_topk")
+        gbs = lambda t: None if t is None else 32768 * 32768 * 4 / t / 1e9  # noqa: E731
+        print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
+              f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
+              f"{fmt(None if ot is None or et is None else et / ot)}", flush=True)
+    for n in notes:
+        print(f"    note: {n}", flush=True)
+    for impl, t in res.items():
+        out.append({"case": name, "impl": impl, "ms": None if t is None else round(t * 1e3, 4),
+                    "tflops": None if t is None or impl.endswith("topk") else round(flops / t / 1e12, 1)})
+
+
+def cases(a, dsa, topk_fwd):
+    """(name, thunk) per benchmark row; the thunk returns (res, flops) and appends to its notes."""
+    out = []
+    for name, with_lse in (("indexer fwd 8K H64", False), ("idx recompute 8K H64", True)):
+        out.append((name, lambda n, w=with_lse: bench_indexer(8192, 64, a.iters, dsa, w, n)))
+    out.append(("attn recompute 8K H128 576", lambda n: bench_attn_score(8192, 128, 576, a.iters, dsa, n)))
+    for kind, H, D, name in (("indexer", 64, 128, "sparse idx rec. 4K/8K k2048 H64"),
+                             ("attn", 128, 576, "sparse attn rec. 4K/8K k2048 H128")):
+        out.append((name, lambda n, k=kind, h=H, d=D: bench_sparse(k, 4096, 8192, 2048, h, d, a.iters, dsa, n)))
+    if not a.quick:
+        out.append(("indexer+top-k 32K H32 k2048",
+                    lambda n: bench_indexer_topk(32768, 32, 2048, a.iters, dsa, topk_fwd, n)))
+    if a.rows:
+        out = [(n, f) for n, f in out if any(r in n for r in a.rows)]
+    return out
+
+
 def main(a):
     dsa = cudnn_dsa()
     topk_fwd = topk_seam()
-    rows = []
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# DSA indexer bench, {torch.cuda.get_device_name()}, {when}")
-    for name, with_lse in (("indexer fwd 8K H64", False), ("idx recompute 8K H64", True)):
-        notes = []
-        res, flops = bench_indexer(8192, 64, a.iters, dsa, with_lse, notes)
-        rows.append((name, res, flops, notes))
-    notes = []
-    res, flops = bench_attn_score(8192, 128, 576, a.iters, dsa, notes)
-    rows.append(("attn recompute 8K H128 576", res, flops, notes))
-    for kind, H, D, name in (("indexer", 64, 128, "sparse idx rec. 4K/8K k2048 H64"),
-                             ("attn", 128, 576, "sparse attn rec. 4K/8K k2048 H128")):
-        notes = []
-        res, flops = bench_sparse(kind, 4096, 8192, 2048, H, D, a.iters, dsa, notes)
-        rows.append((name, res, flops, notes))
-    if not a.quick:
-        notes = []
-        res, flops = bench_indexer_topk(32768, 32, 2048, a.iters, dsa, topk_fwd, notes)
-        rows.append(("indexer+top-k 32K H32 k2048", res, flops, notes))
-    print("\n# table (ms; TFLOP/s of the indexer FLOPs; ratio = peer time / ours)")
+    print("\n# table (ms; TFLOP/s of the indexer FLOPs; ratio = peer time / ours); each row printed when measured")
     print(f"{'case':30s} {'ours ms':>8s} {'cuDNN ms':>8s} {'eager ms':>8s} {'ours TF':>8s} {'cuDNN TF':>8s} "
-          f"{'x cuDNN':>8s} {'x eager':>8s}")
+          f"{'x cuDNN':>8s} {'x eager':>8s}", flush=True)
     out = []
-    for name, res, flops, notes in rows:
-        o, c, e = res.get("ours"), res.get("cudnn"), res.get("eager")
-        tf = lambda t: None if t is None else flops / t / 1e12  # noqa: E731
-        ms = lambda t: None if t is None else t * 1e3  # noqa: E731
-        ratio = lambda p: None if (p is None or o is None) else p / o  # noqa: E731
-        print(f"{name:30s} {fmt(ms(o))} {fmt(ms(c))} {fmt(ms(e))} {fmt(tf(o), p=0)} {fmt(tf(c), p=0)} "
-              f"{fmt(ratio(c))} {fmt(ratio(e))}")
-        if "ours_topk" in res or "cudnn_topk" in res:
-            ot, ct, et = res.get("ours_topk"), res.get("cudnn_topk"), res.get("eager_topk")
-            gbs = lambda t: None if t is None else 32768 * 32768 * 4 / t / 1e9  # noqa: E731
-            print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
-                  f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
-                  f"{fmt(None if ot is None or et is None else et / ot)}")
-        for n in notes:
-            print(f"    note: {n}")
-        for impl, t in res.items():
-            out.append({"case": name, "impl": impl, "ms": None if t is None else round(t * 1e3, 4),
-                        "tflops": None if t is None or impl.endswith("topk") else round(flops / t / 1e12, 1)})
+    for name, thunk in cases(a, dsa, topk_fwd):
+        notes = []
+        res, flops = thunk(notes)
+        print_row(name, res, flops, notes, out)
+        torch.cuda.empty_cache()
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=("case", "impl", "ms", "tflops"))
@@ -269,4 +276,5 @@ if __name__ == "__main__":
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="8K rows only")
     p.add_argument("--csv", default=None)
+    p.add_argument("--rows", nargs="*", default=None, help="only the rows whose name contains one of these")
     main(p.parse_args())

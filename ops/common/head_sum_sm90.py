@@ -62,25 +62,82 @@ def ring_state(stages: int, ring: Int32, i: Int32, producer: bool):
 
 
 @cute.jit
-def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, tSrK: cute.Tensor,
-              tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32, n_chunks: cutlass.Constexpr,
-              kpc: cutlass.Constexpr):
-    """acc = K block x Q^T over n_chunks chunks of kpc k-blocks, chunk c from ring stage ring_state(ring, i0 + c):
-    wait for the chunk, issue its wgmmas, commit, and release the previous chunk once its wgmmas retired
-    (wait_group(1): groups retire in order); the last chunk is released after wait_group(0)."""
-    for c in cutlass.range_constexpr(n_chunks):
-        st = ring_state(stages, ring, i0 + c, False)
-        pipe.consumer_wait(st)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(kpc):
-            cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
-                      tSrQ[None, None, c * kpc + kb], acc)
-        warpgroup.commit_group()
-        if cutlass.const_expr(c > 0):
-            warpgroup.wait_group(1)
-            pipe.consumer_release(ring_state(stages, ring, i0 + c - 1, False))
-    warpgroup.wait_group(0)
-    pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, part: cute.Tensor,
+              tSrK: cute.Tensor, tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32,
+              n_chunks: cutlass.Constexpr, kpc: cutlass.Constexpr, promote: cutlass.Constexpr,
+              part2: cute.Tensor = None):
+    """acc = K block x Q^T over n_chunks chunks of kpc k-blocks, chunk c from ring stage ring_state(ring, i0 + c).
+
+    promote = 0: one wgmma accumulator for the whole block; for each chunk wait, issue its wgmmas, commit, and
+    release the previous chunk once its wgmmas retired (wait_group(1): groups retire in order); the last chunk is
+    released after wait_group(0).
+    promote = p > 0: every p k-blocks (16 p products a dot) start a fresh wgmma sum in `part`, wait for it and add
+    it to acc with a round-to-nearest fp32 add. The tensor core's fp32 accumulation aligns its addends to the
+    largest and truncates, a bias that grows with the number of k-blocks summed into one accumulator; promoting
+    bounds each truncation by a partial sum of 16 p products (the float32 floor's own rounding dominates then).
+    The wait per group costs this warpgroup's overlap; the other consumer warpgroup keeps the tensor core busy.
+    With part2 (a second partial accumulator) the groups are pipelined instead: group i sums into part / part2
+    alternately and is added once group i + 1 is issued (wait_group(1)), at the price of a third accumulator."""
+    if cutlass.const_expr(promote == 0):
+        for c in cutlass.range_constexpr(n_chunks):
+            st = ring_state(stages, ring, i0 + c, False)
+            pipe.consumer_wait(st)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(kpc):
+                cute.gemm(mma if c == 0 and kb == 0 else mma_acc, acc, tSrK[None, None, kb, st.index],
+                          tSrQ[None, None, c * kpc + kb], acc)
+            warpgroup.commit_group()
+            if cutlass.const_expr(c > 0):
+                warpgroup.wait_group(1)
+                pipe.consumer_release(ring_state(stages, ring, i0 + c - 1, False))
+        warpgroup.wait_group(0)
+        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+    elif cutlass.const_expr(part2 is not None):
+        groups = kpc // promote
+        total = n_chunks * groups
+        for i in cutlass.range_constexpr(total):
+            c, g = i // groups, i % groups
+            st = ring_state(stages, ring, i0 + c, False)
+            if cutlass.const_expr(g == 0):
+                pipe.consumer_wait(st)
+            dst = acc if i == 0 else (part if i % 2 == 1 else part2)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(promote):
+                k = g * promote + kb
+                cute.gemm(mma if kb == 0 else mma_acc, dst, tSrK[None, None, k, st.index],
+                          tSrQ[None, None, c * kpc + k], dst)
+            warpgroup.commit_group()
+            if cutlass.const_expr(i > 0):
+                warpgroup.wait_group(1)          # group i - 1 retired
+                if cutlass.const_expr((i - 1) % groups == groups - 1):
+                    pipe.consumer_release(ring_state(stages, ring, i0 + (i - 1) // groups, False))
+                if cutlass.const_expr(i > 1):
+                    prev = part if (i - 1) % 2 == 1 else part2
+                    acc.store(acc.load() + prev.load())
+        warpgroup.wait_group(0)
+        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+        if cutlass.const_expr(total > 1):
+            last = part if (total - 1) % 2 == 1 else part2
+            acc.store(acc.load() + last.load())
+    else:
+        groups = kpc // promote
+        for c in cutlass.range_constexpr(n_chunks):
+            st = ring_state(stages, ring, i0 + c, False)
+            pipe.consumer_wait(st)
+            for g in cutlass.range_constexpr(groups):
+                first = c == 0 and g == 0
+                dst = acc if first else part
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(promote):
+                    k = g * promote + kb
+                    cute.gemm(mma if kb == 0 else mma_acc, dst, tSrK[None, None, k, st.index],
+                              tSrQ[None, None, c * kpc + k], dst)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(g == groups - 1):
+                    pipe.consumer_release(st)
+                if cutlass.const_expr(not first):
+                    acc.store(acc.load() + part.load())
 
 
 class HeadSumScoresSm90:
@@ -89,6 +146,8 @@ class HeadSumScoresSm90:
 
     MASK = 0.0
     STAT_EMPTY = 0.0
+    PROMOTE = 0        # k-blocks per fp32 promotion of the wgmma sums (mma_block); 0: none
+    PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
 
     def __init__(self, head_dim: int, heads: int, n_cols: int, chunk: int, stages: int, varlen: bool,
                  with_stat: bool, has_offsets: bool):
@@ -301,8 +360,14 @@ class HeadSumScoresSm90:
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_hi, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
+                part, part2 = acc, None
+                if cutlass.const_expr(self.PROMOTE > 0):
+                    part = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
+                    if cutlass.const_expr(self.PROMOTE_LAG):
+                        part2 = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
                 # chunks this consumer's half ring served before block n: (n // 2) * NC
-                mma_block(pipe, mma, mma_acc, acc, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc)
+                mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
+                          self.PROMOTE, part2)
                 # ---- epilogue: f per element, head sum per (key row, query), mask, store, statistic
                 s_mn = acc_mn_view(acc)
                 sums.fill(0.0)

@@ -50,6 +50,9 @@ class SparseHeadSumSm90:
     """Base of one compiled variant; the epilogue mixin supplies MASK, STAT_EMPTY, column_value, element and
     stat_init / stat_update / stat_merge / stat_final (the dense core's interface, with one owned query)."""
 
+    PROMOTE = 0        # k-blocks per fp32 promotion of the wgmma sums (head_sum_sm90.mma_block); 0: none
+    PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
+
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
         assert stages % 2 == 0 and stages >= 4
@@ -265,7 +268,13 @@ class SparseHeadSumSm90:
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_blk, 2, unroll=1):
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                mma_block(pipe, mma, mma_acc, acc, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc)
+                part, part2 = acc, None
+                if cutlass.const_expr(self.PROMOTE > 0):
+                    part = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                    if cutlass.const_expr(self.PROMOTE_LAG):
+                        part2 = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
+                          self.PROMOTE, part2)
                 s_mn = acc_mn_view(acc)
                 sums = cute.make_rmem_tensor((2,), Float32)
                 sums.fill(0.0)

@@ -35,6 +35,11 @@ STAGES = 8
 EXP2_MAX = 120.0
 FLT_MAX = 3.4028234663852886e38
 LOG2E = 1.4426950408889634
+# The dot products' wgmma sums are promoted into an fp32 register accumulator every PROMOTE_KBLOCKS k-blocks
+# (16 products each; head_sum_sm90.mma_block): exp() turns the absolute error of s X into a relative error of the
+# score, and the tensor core's truncating accumulation over all 36 k-blocks of Dqk 576 costs 3-10x a float32
+# implementation's error (H200, 2026-12-02).
+PROMOTE_KBLOCKS = 4
 
 
 class AttnScoreEpilogue:
@@ -43,6 +48,7 @@ class AttnScoreEpilogue:
 
     MASK = 0.0
     STAT_EMPTY = 0.0
+    PROMOTE = PROMOTE_KBLOCKS
 
     @cute.jit
     def column_value(self, mLSE, batch, row, h):
