@@ -17,7 +17,10 @@ Probabilities of masked entries are set to 0 with `where`, never computed as exp
 exp of -inf is not exactly 0 on its vectorised path).
 
 Tensors here are [B, H, S, D] in float32 (float64 inputs stay float64); the public layout
-[B, S, H, D] is transposed by the callers below.
+[B, S, H, D] is transposed by the callers below. dout . v_j and Delta_i are formed in float64 (then dS is
+rounded to the compute dtype): on a row whose softmax is one key, out = v_j exactly and dS = P (dP - Delta) must
+cancel to 0, but two float32 dot products summed in different orders leave a residue of eps |dout| |v| that dq
+multiplies by |k| (K scaled x5000: dq of that row O(1e-3) where the exact value is 0).
 """
 import numpy as np
 import paddle
@@ -85,9 +88,11 @@ def backward_bhsd(q, k, v, out, dout, lse, dlse, scale, causal, window):
     groups = h // k.shape[1]
     k, v = _expand_kv(k, groups), _expand_kv(v, groups)
     left, right = effective_window(causal, window)
-    delta = (out * dout).sum(axis=-1, keepdim=True)
+    wide = paddle.float64
+    dout_w = dout.astype(wide)
+    delta = (out.astype(wide) * dout_w).sum(axis=-1, keepdim=True)
     if dlse is not None:
-        delta = delta - dlse.unsqueeze(-1)
+        delta = delta - dlse.astype(wide).unsqueeze(-1)
     lse = lse.unsqueeze(-1)
     dead = lse == _NEG_INF
     lse_safe = paddle.where(dead, paddle.zeros_like(lse), lse)
@@ -107,8 +112,8 @@ def backward_bhsd(q, k, v, out, dout, lse, dlse, scale, causal, window):
         # cannot overflow it.
         p = paddle.where(live, paddle.exp(paddle.minimum(s - lse_safe, paddle.zeros_like(s))), paddle.zeros_like(s))
         dv_blocks.append(paddle.matmul(p, dout, transpose_x=True))
-        dp = paddle.matmul(dout, vb, transpose_y=True)
-        ds = p * (dp - delta)
+        dp = paddle.matmul(dout_w, vb.astype(wide), transpose_y=True)
+        ds = p * (dp - delta).astype(q.dtype)
         dq = dq + paddle.matmul(ds, kb) * scale
         dk_blocks.append(paddle.matmul(ds, q, transpose_x=True) * scale)
     dk = paddle.concat(dk_blocks, axis=2)

@@ -10,6 +10,7 @@ extent the caller did not give), so the kernel path can run without a device-to-
 import warnings
 
 import numpy as np
+import paddle
 
 from ... import validation as V
 from ..._port import PORT
@@ -140,7 +141,10 @@ def flat_rows(seq, x):
     if seq.thd:
         return x
     shp = PORT.shape(x)
-    return x.reshape([shp[0] * shp[1]] + list(shp[2:]))
+    flat = [shp[0] * shp[1]] + list(shp[2:])
+    if 0 in shp:     # only top-k indices with K = 0 (BSHD axes are checked positive): nothing to carry, and Paddle
+        return paddle.zeros(flat, dtype=x.dtype)    # 2.6 reads a 0 in a reshape target as "keep that axis"
+    return x.reshape(flat)
 
 
 def check_causal(op, seq, causal, ratio, q_offsets):

@@ -57,13 +57,14 @@ def _gpu(op, on_gpu):
 
 
 def _route(op, on_gpu, which, empty=False, why_not=None):
-    """How a call of a kernel-backed op runs: "kernel" (GPU place, the ops.dsa seam `which` serves it), "empty" (GPU
-    place, an empty axis: nothing to compute, Paddle builds the documented result, no launch) or "reference" (a CPU
-    place; or a GPU place where the seam does not serve it, with the one-time warning saying why)."""
-    if not on_gpu:
-        return "reference"
+    """How a call of a kernel-backed op runs: "empty" (any place, an empty axis: nothing to compute, Paddle builds the
+    documented result; no launch, and no zero-size tensor reaches the reference path, whose reshapes Paddle 2.6
+    reads differently), "kernel" (GPU place, the ops.dsa seam `which` serves it) or "reference" (a CPU place; or a
+    GPU place where the seam does not serve it, with the one-time warning saying why)."""
     if empty:
         return "empty"
+    if not on_gpu:
+        return "reference"
     reason = why_not or gpu.missing(which)
     if reason is None:
         return "kernel"
@@ -115,7 +116,7 @@ def _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seq
     if kernel is None:
         _gpu(op, on_gpu)
         return seq, causal, ratio, "reference"
-    return seq, causal, ratio, _route(op, on_gpu, kernel, on_gpu and _dense_empty(seq))
+    return seq, causal, ratio, _route(op, on_gpu, kernel, _dense_empty(seq))
 
 
 def _dense_index_scores(seq, route, index_q, index_k, weights, causal, ratio, q_offsets, with_lse):
@@ -197,10 +198,10 @@ def indexer_topk(scores, k, *, lengths=None):
     rows = 1
     for d in shp[:-1]:
         rows *= d
-    too_wide = f"k = {k} > {SUPPORTED.TOPK_MAX_K}, the top-k kernel's limit" if k > SUPPORTED.TOPK_MAX_K else None
-    route = _route(op, on_gpu, "topk", rows == 0 or shp[-1] == 0, too_wide)
-    if route == "empty":                    # no row, or no column to select: -1 everywhere
+    if rows == 0 or shp[-1] == 0:           # no row, or no column to select: -1 everywhere, on every place
         return _filled(list(shp[:-1]) + [k], -1, paddle.int32)
+    too_wide = f"k = {k} > {SUPPORTED.TOPK_MAX_K}, the top-k kernel's limit" if k > SUPPORTED.TOPK_MAX_K else None
+    route = _route(op, on_gpu, "topk", False, too_wide)
     if route == "kernel":
         with paddle.no_grad():
             return gpu.topk(scores, k, lengths)
@@ -369,7 +370,7 @@ def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, ca
                                          max_seqlen_q, max_seqlen_k)
     causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
     V.check_same_place(op, ("query", "q_offsets"), (query, query if q_offsets is None else q_offsets))
-    route = _route(op, on_gpu, "attn_score", on_gpu and _dense_empty(seq))
+    route = _route(op, on_gpu, "attn_score", _dense_empty(seq))
     with paddle.no_grad():
         if route == "empty":
             return _empty_scores(seq, seq.width(), 0.0)
