@@ -14,10 +14,11 @@ Tiling. One CTA = one query row (all H heads: the B operand is the resident Q ti
 TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a block, streamed in chunks of DC
 columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
   - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async
-    (rows: its slots' idx; invalid slots skipped), commits a cp.async group per chunk, and one chunk later (its
-    own group retired, cp.async.wait_group(1)) fences the async proxy (fence.proxy.async.shared::cta, its writes
-    become visible to wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's
-    wait orders every lane's stores, not only a fence).
+    (rows: its slots' idx, loaded one block ahead so their latency hides behind a block of copies; invalid slots
+    skipped), commits a cp.async group per chunk, and `lag` chunks later (that group retired,
+    cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk until the next one arrives) fences
+    the async proxy (fence.proxy.async.shared::cta, its writes become visible to wgmma) and arrives on the chunk's
+    full barrier (128 arrivals: all writers, so the consumer's wait orders every lane's stores, not only a fence).
   - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
     ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
     the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity, store (lanes
@@ -44,6 +45,7 @@ BK = 64
 NUM_THREADS = 384
 CONSUMER_WARPS = 8
 PIECE = 8            # bf16 elements per 16-byte cp.async
+LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
 
 
 class SparseHeadSumSm90:
@@ -207,7 +209,7 @@ class SparseHeadSumSm90:
         wg = warp // 4
         if wg == 0:
             # ---------------- producer warpgroup: Q by TMA (warp 0), key rows by cp.async (all 128 threads)
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(40)      # 128 x 40 + 256 x 232 = 384 x 168, the CTA's allocation
             if warp == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 with cute.arch.elect_one():
@@ -219,15 +221,20 @@ class SparseHeadSumSm90:
             else:
                 gKv = mKv[None, None, batch]
             per_row = DC // PIECE
-            prev = Int32(0)                                              # stage of the last chunk issued
+            lag = self.lag()
+            row_len = n_slots
+            if cutlass.const_expr(self.has_length):
+                row_len = cutlass.min(n_slots, mLen[self.stat_coord(batch, row)])
+            raw = cute.make_rmem_tensor((self.pieces,), Int32)           # next block's idx (loads in flight)
+            rows = cute.make_rmem_tensor((self.pieces,), Int32)          # this block's gather rows (-1: skip)
+            self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
             for n in cutlass.range(n_blk, unroll=1):
-                rows = cute.make_rmem_tensor((self.pieces,), Int32)      # gather row of each piece (-1: skip)
-                for p in cutlass.range_constexpr(self.pieces):
-                    slot_in_blk = (tidx + 128 * p) // per_row
-                    valid, kidx = self.slot_row(mIdx, mLen, batch, row, n * BK + slot_in_blk, n_slots, seqlen_k)
-                    rows[p] = Int32(cutlass.select_(valid, k_off + kidx, Int32(-1)))
+                for p in cutlass.range_constexpr(self.pieces):       # validate block n's indices (waits)
+                    rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+                self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)   # block n + 1: no wait here
                 for c in cutlass.range_constexpr(NC):
-                    st = ring_state(self.stages, n % 2, (n // 2) * NC + c, True)
+                    g = n * NC + c
+                    st = self.chunk_state(g, True)
                     pipe.producer_acquire(st)
                     sKs = sK[None, None, st.index]
                     for p in cutlass.range_constexpr(self.pieces):
@@ -238,13 +245,12 @@ class SparseHeadSumSm90:
                             dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
                             cute.copy(atom, src, dst)
                     cute.arch.cp_async_commit_group()
-                    if cutlass.const_expr(c > 0):
-                        self.publish(pipe, prev, 1)     # the previous chunk, one group behind
-                    else:
-                        if n > 0:
-                            self.publish(pipe, prev, 1)
-                    prev = st.index
-            self.publish(pipe, prev, 0)                 # n_blk >= 1 (seam)
+                    if g >= lag:
+                        self.publish(pipe, self.chunk_state(g - lag, True).index, lag)
+            total = n_blk * NC
+            for j in cutlass.range_constexpr(lag):                 # drain: the last `lag` chunks, oldest first
+                if total - lag + j >= 0:
+                    self.publish(pipe, self.chunk_state(total - lag + j, True).index, lag - 1 - j)
         else:
             # ---------------- consumer warpgroups (the dense core's schedule, one query)
             cute.arch.setmaxregister_increase(232)
@@ -305,6 +311,32 @@ class SparseHeadSumSm90:
                 for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
                     a, bb = self.stat_merge(a, bb, sRed[0, w], sRed[1, w])
                 mStat[self.stat_coord(batch, row)] = self.stat_final(a, bb)
+
+    @cute.jit
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
+        """raw[p] = idx of the slot whose key row piece p of block n gathers, -1 past the row's slots (past
+        topk_length or K); plain loads whose latency the caller hides behind a block of copies."""
+        per_row = self.DC // PIECE
+        for p in cutlass.range_constexpr(self.pieces):
+            j = n * BK + (tidx + 128 * p) // per_row
+            v = Int32(-1)
+            if j < row_len:
+                v = mIdx[self.out_coord(batch, row, j)]
+            raw[p] = v
+
+    def lag(self):
+        """Chunks a producer thread keeps in flight before publishing the oldest. Deadlock-free when the chunk a
+        stage held last is published before the producer waits for that stage to empty: with half rings of
+        stages / 2 = 4 that holds for LAG = 3 when a consumer releases each chunk on its own (PROMOTE > 0) or its
+        blocks have at most 2 chunks; a consumer that releases chunk c only once chunk c + 1 arrived (PROMOTE = 0,
+        head_sum_sm90.mma_block) with more chunks a block needs the lag of 1."""
+        assert self.stages == 8
+        return LAG if (self.PROMOTE > 0 or self.NC <= 2) else 1
+
+    def chunk_state(self, g, producer):
+        """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring."""
+        n = g // self.NC
+        return ring_state(self.stages, n % 2, (n // 2) * self.NC + g % self.NC, producer)
 
     @cute.jit
     def publish(self, pipe, index: Int32, pending: cutlass.Constexpr):
