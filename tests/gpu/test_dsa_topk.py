@@ -66,6 +66,17 @@ def test_long_rows_uncached():
     check(torch.randn(2, 50001, device=DEV).round(), 300)
 
 
+@pytest.mark.parametrize("k", [64, 2048])
+def test_crowded_top_digit(k):
+    """Cached rows whose first (11-bit) key digit holds more than the candidate buffer (4096): scores in [1, 2)
+    fill 4 such digits (~5000 each), so pass 0 cannot narrow the row and passes 1-3 sweep it whole; with and without
+    exact ties at the threshold."""
+    torch.manual_seed(k + 1)
+    s = 1.0 + torch.rand(6, 20000, device=DEV)
+    s[3:] = 1.0 + (torch.rand(3, 20000, device=DEV) * 256).floor() / 256
+    check(s, k)
+
+
 @pytest.mark.parametrize("k", [5, 100, 2048])
 def test_ties_and_special_values(k):
     torch.manual_seed(k)

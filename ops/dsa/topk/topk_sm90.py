@@ -9,31 +9,40 @@ Keys. A finite float x maps to the order-preserving 32-bit pattern u = ks ^ 0x80
 cannot be selected. Radix digits are 8-bit fields of u; orderings compare ks (signed).
 
 Algorithm. One CTA (512 threads) per row.
-  1. Load: each thread reads columns tid, tid + 512, ... (coalesced), forms u, counts the selectable ones, and
-     caches u in shared memory when the row fits (W <= CAP columns; longer rows re-read global memory each pass).
-  2. If at most k are selectable, all are taken. Otherwise radix select, 4 passes of 8 bits from the top: a
-     shared-memory histogram (atomics) of the digit of every key matching the prefix so far, a suffix scan over the
-     256 bins finds the digit holding the k-th largest; after 4 passes T (the k-th largest u) is exact, with `need`
-     = how many keys equal to T are taken and `eq` = how many exist.
-  3. Gather: keys > T (and all keys == T when need == eq) go to the selection buffer through a shared counter; when
-     need < eq the ties are ranked by column (ordered chunks of 512 columns: ballot + warp prefix + block prefix)
-     and the first `need` are taken.
+  1. Load: a row that fits (W <= CAP columns) is copied into shared memory with 4-byte cp.async, every column's
+     copy in flight at once (one wait, then a CTA barrier), and turned into keys u in place; a longer row is read
+     from global memory in each pass. The same sweep counts the selectable keys and builds the histogram of the
+     top 11-bit digit (pass 0; a quarter of a binade per bin, so the threshold's bin holds few keys).
+  2. If at most k are selectable, all are taken. Otherwise radix select, 4 passes from the top (digits of 11, 7,
+     7 and 7 bits): a shared-memory histogram of the digit of every key matching the prefix so far, a suffix scan
+     over the bins finds the digit holding the k-th largest; after 4 passes T (the k-th largest u) is exact, with `need` = how
+     many keys equal to T are taken and `eq` = how many exist. Candidate mode (the row is cached and pass 0's digit
+     holds at most CAND keys, the common case): one sweep appends the keys above that digit to the selection and
+     the keys in it (with their columns) to a candidate buffer; passes 1-3 and the final gather then touch only
+     the candidates. Otherwise passes 1-3 and the gather sweep the whole row.
+  3. Gather: keys > T (and all keys == T when need == eq) join the selection; when need < eq the ties are ranked
+     by column over the whole row (ordered chunks of 512 columns: ballot + warp prefix + block prefix) and the
+     first `need` are taken.
   4. Bitonic sort of the P (= k padded to a power of two) selected (u, column) pairs, descending by ks then
      ascending by column (padding: u = 0 sorts last), one barrier per stage; write the first k columns (-1 where
      u = 0).
-Shared-memory handoffs: every buffer written by many threads (histogram, scan partials, selection, counters) is
-read only after a CTA barrier (sync_threads) that follows all its writers.
-
-Status (H200, 2026-12-02): tests/gpu/test_dsa_topk.py 27 passed (indices equal to a stable sort), racecheck and
-memcheck clean; speed not measured yet (one CTA of 512 threads per row, 1 CTA per SM for the 160 KiB row cache).
+Histogram adds are warp-aggregated (match.any: one atomic per distinct digit of a warp, so scores sharing their top
+bits do not serialise 32 atomics on one bin); appends to the selection / candidates are warp-aggregated (ballot:
+one atomic per warp). Shared-memory handoffs: every buffer written by many threads (row cache, histogram, scan
+partials, selection, candidates, counters) is read only after a CTA barrier (sync_threads) that follows all its
+writers; the cp.async row copy is waited for by each thread (cp.async.wait_group 0) before that barrier.
 """
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+from cutlass.cute.nvgpu import cpasync
 
 NT = 512
 WARPS = NT // 32
 CAP = 40960                  # row columns cached in shared memory (160 KiB)
+CAND = 4096                  # candidate (key, column) pairs after pass 0 (32 KiB)
+SHIFT0 = 21                  # pass 0 digit: the top 11 bits of u (sign, exponent, 2 mantissa bits: 1/4 binade)
+BINS0 = 1 << (32 - SHIFT0)
 SIGN = -2147483648           # 0x80000000 as int32
 
 
@@ -70,7 +79,9 @@ class TopkSm90:
             keys: cute.struct.Align[cute.struct.MemRange[Int32, CAP], 16]
             sel_u: cute.struct.MemRange[Int32, P]
             sel_c: cute.struct.MemRange[Int32, P]
-            hist: cute.struct.MemRange[Int32, 256]
+            cand_u: cute.struct.MemRange[Int32, CAND]
+            cand_c: cute.struct.MemRange[Int32, CAND]
+            hist: cute.struct.MemRange[Int32, BINS0]
             part: cute.struct.MemRange[Int32, WARPS]
             misc: cute.struct.MemRange[Int32, 8]
 
@@ -87,27 +98,45 @@ class TopkSm90:
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.shared_storage)
         keys = st.keys.get_tensor(cute.make_layout(CAP))
+        keys_f = cute.make_tensor(cute.recast_ptr(keys.iterator, dtype=cutlass.Float32), cute.make_layout(CAP))
         sel_u = st.sel_u.get_tensor(cute.make_layout(P))
         sel_c = st.sel_c.get_tensor(cute.make_layout(P))
-        hist = st.hist.get_tensor(cute.make_layout(256))
+        cand_u = st.cand_u.get_tensor(cute.make_layout(CAND))
+        cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
+        hist = st.hist.get_tensor(cute.make_layout(BINS0))
         part = st.part.get_tensor(cute.make_layout(WARPS))
-        misc = st.misc.get_tensor(cute.make_layout(8))   # 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 fill
+        # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
+        misc = st.misc.get_tensor(cute.make_layout(8))
 
         width = mS.shape[1]
         if cutlass.const_expr(self.has_lengths):
             width = cutlass.max(cutlass.min(mLen[row], width), 0)
         cached = width <= CAP
 
-        # ---- 1. load, count, cache
+        # ---- 1. load (cp.async into the cache, or global reads), keys, count, pass-0 histogram
         if tid < 8:
             misc[tid] = Int32(0)
-        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(BINS0 // NT):
+            hist[tid + NT * i] = Int32(0)
+        if cached:
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
+            for j in cutlass.range(tid, width, NT, unroll=1):
+                cute.copy(atom, cute.local_tile(mS[row, None], (1,), (j,)), cute.local_tile(keys_f, (1,), (j,)))
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()                    # the row cache, hist and misc complete
         n_ok = Int32(0)
-        for j in cutlass.range(tid, width, NT, unroll=1):
-            u = self.key_of(mS[row, j])
-            if cached:
-                keys[j] = u
+        for c0 in cutlass.range(0, width, NT, unroll=1):
+            j = c0 + tid
+            u = Int32(0)
+            if j < width:
+                if cached:
+                    u = self.key_of(keys_f[j])
+                    keys[j] = u                     # in place: this thread's own element
+                else:
+                    u = self.key_of(mS[row, j])
             n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
+            self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
         n_ok = self.warp_sum(n_ok)
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
@@ -119,23 +148,50 @@ class TopkSm90:
         t_u = Int32(1)           # below every selectable key: take all
         need = Int32(0)
         eq = Int32(0)
+        use_cand = False
         if not take_all:
-            prefix = Int32(0)
-            remaining = k
-            for ps in cutlass.range_constexpr(4):
-                shift = 24 - 8 * ps
-                if tid < 256:
+            self.pick_digit(hist, part, misc, k, BINS0, tid, lane, warp)
+            cute.arch.sync_threads()
+            d0 = misc[1]
+            prefix = d0 << SHIFT0
+            remaining = misc[2]
+            eq = misc[3]
+            use_cand = cached and eq <= CAND
+            if use_cand:
+                # keys above digit d0 are selected; keys in it become candidates (with their columns)
+                for c0 in cutlass.range(0, width, NT, unroll=1):
+                    j = c0 + tid
+                    u = Int32(0)
+                    if j < width:
+                        u = keys[j]
+                    dg = (u >> SHIFT0) & (BINS0 - 1)
+                    self.append(sel_u, sel_c, misc, 4, u, j, u != 0 and dg > d0, lane)
+                    self.append(cand_u, cand_c, misc, 6, u, j, u != 0 and dg == d0, lane)
+                cute.arch.sync_threads()
+            n_cand = misc[6]
+            for ps in cutlass.range_constexpr(1, 4):
+                shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
+                if tid < 128:
                     hist[tid] = Int32(0)
                 cute.arch.sync_threads()
-                for j in cutlass.range(tid, width, NT, unroll=1):
-                    u = self.load_key(keys, mS, row, j, cached)
-                    match = u != 0
-                    if cutlass.const_expr(ps > 0):
-                        match = match and ((u ^ prefix) >> (shift + 8)) == 0
-                    if match:
-                        cute.arch.atomic_add(hist.iterator + ((u >> shift) & 255), Int32(1))
+                if use_cand:
+                    for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+                        i = c0 + tid
+                        u = Int32(0)
+                        if i < n_cand:
+                            u = cand_u[i]
+                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                        self.hist_add(hist, (u >> shift) & 127, match, lane)
+                else:
+                    for c0 in cutlass.range(0, width, NT, unroll=1):
+                        j = c0 + tid
+                        u = Int32(0)
+                        if j < width:
+                            u = self.load_key(keys, mS, row, j, cached)
+                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                        self.hist_add(hist, (u >> shift) & 127, match, lane)
                 cute.arch.sync_threads()
-                self.pick_digit(hist, part, misc, remaining, tid, lane, warp)
+                self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
                 cute.arch.sync_threads()
                 prefix = prefix | (misc[1] << shift)
                 remaining = misc[2]
@@ -147,16 +203,29 @@ class TopkSm90:
         # ---- 3. gather the selection (keys > T; ties: all, or the `need` lowest columns)
         ranked = (not take_all) and need < eq
         cute.arch.sync_threads()
-        for j in cutlass.range(tid, width, NT, unroll=1):
-            u = self.load_key(keys, mS, row, j, cached)
-            ks = u ^ Int32(SIGN)
-            take = u != 0 and ks > t_s
-            if not ranked:
-                take = take or (u != 0 and u == t_u)
-            if take:
-                slot = cute.arch.atomic_add(misc.iterator + 4, Int32(1))
-                sel_u[slot] = u
-                sel_c[slot] = j
+        if use_cand:
+            n_cand = misc[6]
+            for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+                i = c0 + tid
+                u = Int32(0)
+                c = Int32(0)
+                if i < n_cand:
+                    u = cand_u[i]
+                    c = cand_c[i]
+                take = u != 0 and (u ^ Int32(SIGN)) > t_s
+                if not ranked:
+                    take = take or (u != 0 and u == t_u)
+                self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
+        else:
+            for c0 in cutlass.range(0, width, NT, unroll=1):
+                j = c0 + tid
+                u = Int32(0)
+                if j < width:
+                    u = self.load_key(keys, mS, row, j, cached)
+                take = u != 0 and (u ^ Int32(SIGN)) > t_s
+                if not ranked:
+                    take = take or (u != 0 and u == t_u)
+                self.append(sel_u, sel_c, misc, 4, u, j, take, lane)
         if ranked:
             self.take_ties(keys, mS, row, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
         cute.arch.sync_threads()
@@ -194,6 +263,29 @@ class TopkSm90:
         return u
 
     @cute.jit
+    def hist_add(self, hist, digit, active, lane):
+        """hist[digit] += 1 for each active lane, one atomic per distinct digit of the warp (match.any groups the
+        lanes; the lowest active lane of a group adds the group's size). Called by all 32 lanes (warp-uniform)."""
+        v = Int32(cutlass.select_(active, digit, Int32(-1)))
+        peers = Int32(cute.arch.match_sync(-1, v))
+        if active and (peers & ((Int32(1) << lane) - 1)) == 0:
+            cute.arch.atomic_add(hist.iterator + digit, cute.arch.popc(peers))
+
+    @cute.jit
+    def append(self, buf_u, buf_c, misc, counter: cutlass.Constexpr, u, c, take, lane):
+        """Append (u, c) of each lane with `take` to buf_u / buf_c at misc[counter]: one atomic per warp (ballot),
+        slots in lane order. Called by all 32 lanes (warp-uniform)."""
+        ballot = cute.arch.vote_ballot_sync(take)
+        base = Int32(0)
+        if lane == 0 and ballot != 0:
+            base = cute.arch.atomic_add(misc.iterator + counter, cute.arch.popc(ballot))
+        base = cute.arch.shuffle_sync(base, 0)
+        if take:
+            slot = base + cute.arch.popc(ballot & ((Int32(1) << lane) - 1))
+            buf_u[slot] = u
+            buf_c[slot] = c
+
+    @cute.jit
     def warp_sum(self, v):
         for off in cutlass.range_constexpr(5):
             v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << off)
@@ -208,26 +300,36 @@ class TopkSm90:
         return v
 
     @cute.jit
-    def pick_digit(self, hist, part, misc, remaining, tid, lane, warp):
-        """Threads 0..255 hold bin 255 - tid (descending digits); a scan over them finds the digit d with
-        (count above d) < remaining <= (count at or above d): misc[1] = d, misc[2] = remaining - count above d,
-        misc[3] = count at d. Readers wait for the caller's barrier."""
+    def pick_digit(self, hist, part, misc, remaining, nbins: cutlass.Constexpr, tid, lane, warp):
+        """The digit d holding the remaining-th largest key: (count above d) < remaining <= (count at or above d).
+        Thread t holds the bpt bins nbins-1-t*bpt .. (descending digits); a CTA scan of the per-thread sums finds the
+        thread, which walks its bins: misc[1] = d, misc[2] = remaining - count above d, misc[3] = count at d.
+        Readers wait for the caller's barrier."""
+        bpt = max(1, nbins // NT)
+        nact = nbins // bpt
         c = Int32(0)
-        if tid < 256:
-            c = hist[255 - tid]
+        if tid < nact:
+            for b in cutlass.range_constexpr(bpt):
+                c = c + hist[nbins - 1 - (tid * bpt + b)]
         incl = self.warp_inclusive_scan(c, lane)
-        if lane == 31 and tid < 256:
+        if lane == 31:
             part[warp] = incl
-        cute.arch.sync_threads()                    # part written by 8 warps
-        if tid < 256:
-            for w in cutlass.range_constexpr(8):
+        cute.arch.sync_threads()                    # part written by every warp
+        if tid < nact:
+            for w in cutlass.range_constexpr(WARPS):
                 if w < warp:
                     incl = incl + part[w]
             excl = incl - c
             if excl < remaining and remaining <= incl:
-                misc[1] = 255 - tid
-                misc[2] = remaining - excl
-                misc[3] = c
+                run = excl
+                for b in cutlass.range_constexpr(bpt):
+                    d = nbins - 1 - (tid * bpt + b)
+                    h = hist[d]
+                    if run < remaining and remaining <= run + h:
+                        misc[1] = d
+                        misc[2] = remaining - run
+                        misc[3] = h
+                    run = run + h
 
     @cute.jit
     def take_ties(self, keys, mS, row, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp):

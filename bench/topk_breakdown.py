@@ -1,0 +1,49 @@
+"""Where the top-k kernel's time goes (H200 diagnostic): one row per input kind / k / width, device ms each.
+
+Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shrinks from 2048 to 64 elements),
+W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 finite columns, the rest -inf, as the
+indexer writes them). With --ncu, run only the first row once (for `ncu --launch-count 1`).
+
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu]
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
+from timing import device_time  # noqa: E402
+
+
+def main(a):
+    R = a.rows
+    g = torch.Generator(device="cuda").manual_seed(0)
+    st = torch.cuda.current_stream().cuda_stream
+    rand32 = torch.randn(R, 32768, device="cuda", generator=g)
+    causal = rand32.clone()
+    causal.masked_fill_(torch.arange(32768, device="cuda")[None, :] > torch.arange(R, device="cuda")[:, None] *
+                        (32768 // R), float("-inf"))
+    cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
+             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048)]
+    if a.ncu:
+        s, k = cases[0][1], cases[0][2]
+        out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+        topk_fwd(s, out, stream=st)
+        torch.cuda.synchronize()
+        return
+    for name, s, k in cases:
+        out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+        t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+        print(f"{name:22s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=32768)
+    p.add_argument("--ncu", action="store_true")
+    main(p.parse_args())
