@@ -6,7 +6,7 @@ selected; slots past the number of selectable scores are -1; with lengths, row r
 
 Keys. A finite float x maps to the order-preserving 32-bit pattern u = ks ^ 0x80000000, ks = b ^ ((b >> 31) &
 0x7fffffff) (b the bits of x; ks orders like x as a signed int). Every finite x has u != 0; u = 0 marks a score that
-cannot be selected. Radix digits are 8-bit fields of u; orderings compare ks (signed).
+cannot be selected. Radix digits are bit fields of u (11, 7, 7, 7 bits from the top); orderings compare ks (signed).
 
 Algorithm. One CTA (512 threads) per row.
   1. Load: a row that fits (W <= CAP columns) is copied into shared memory with 4-byte cp.async, every column's
@@ -31,6 +31,13 @@ bits do not serialise 32 atomics on one bin); appends to the selection / candida
 one atomic per warp). Shared-memory handoffs: every buffer written by many threads (row cache, histogram, scan
 partials, selection, candidates, counters) is read only after a CTA barrier (sync_threads) that follows all its
 writers; the cp.async row copy is waited for by each thread (cp.async.wait_group 0) before that barrier.
+
+Status (H200, 2026-12-03): tests/gpu/test_dsa_topk.py 29 passed (indices equal to a stable sort), racecheck and
+memcheck clean. 32K rows x 32K columns, k 2048: 12.1 ms (first version 15.6 ms; cuDNN frontend 1.82 ms in the same
+run): far from the target. bench/topk_breakdown.py: k 64 instead of 2048 saves 5 ms (the 66-stage shared-memory
+bitonic sort, ~20 us a row), 4K instead of 32K columns saves 9 ms (~1.3 ns a column per SM for the load and the
+sweeps: 4-byte cp.async and match.any per element). Next: a register / shuffle bitonic (10 barrier stages, not 66),
+16-byte loads, and more than one row in flight per SM.
 """
 import cutlass
 import cutlass.cute as cute
