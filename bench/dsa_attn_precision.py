@@ -126,7 +126,11 @@ def main(a):
     sq = sparse_case()
     s_exact = sparse_attn_scores(*sq[:4], sq[4])
     s_floor = sparse_attn_scores(*sq[:4], sq[4], dtype=torch.float32)
-    rows = []
+    names = [c[0] for c in cases] + ["sparse 64 rows k512"]
+    print("# error / float32 floor as scores/l1norm per case (gate 2x); cases: " + "; ".join(
+        f"case{i} = {n}" for i, n in enumerate(names)))
+    print(f"{'promote':>7s}  " + "  ".join(f"{'case' + str(i):>11s}" for i in range(len(names)))
+          + f"  {'dense ms':>8s} {'TF':>5s} {'sparse ms':>9s} {'TF':>5s}", flush=True)
     for p in a.promote:
         dense_sm90.AttnScoreEpilogue.PROMOTE = int(p.rstrip("lag"))
         dense_sm90.AttnScoreEpilogue.PROMOTE_LAG = p.endswith("lag")
@@ -137,15 +141,9 @@ def main(a):
             errs.append(ratios(run_dense(q, kv, l, s, kw), ex, fl))
         errs.append(ratios(run_sparse(*sq), s_exact, s_floor))
         torch.cuda.synchronize()
-        rows.append((p, errs, timings(a.iters)))
-    print(f"# {cases[0][0]} | ... error / float32 floor as (scores, l1norm); gate 2x")
-    names = [c[0] for c in cases] + ["sparse 64 rows k512"]
-    print("# cases: " + "; ".join(names))
-    print(f"{'promote':>7s}  " + "  ".join(f"{'case' + str(i):>11s}" for i in range(len(names)))
-          + f"  {'dense ms':>8s} {'TF':>5s} {'sparse ms':>9s} {'TF':>5s}")
-    for p, errs, (td, tfd, ts, tfs) in rows:
+        td, tfd, ts, tfs = timings(a.iters)
         print(f"{p:>7s}  " + "  ".join(f"{e[0]:5.2f}/{e[1]:5.2f}" for e in errs)
-              + f"  {td * 1e3:8.3f} {tfd:5.0f} {ts * 1e3:9.3f} {tfs:5.0f}")
+              + f"  {td * 1e3:8.3f} {tfd:5.0f} {ts * 1e3:9.3f} {tfs:5.0f}", flush=True)
     print("# " + cudnn_ratio(cases[0]))
 
 

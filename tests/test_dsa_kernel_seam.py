@@ -324,9 +324,12 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 
 
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
-    """kernels/dsa.py ROUTED as shipped: the attention-score recomputes (kernels not yet past their float32 gate)
-    and the ops with no kernel run the reference path with a warning saying why, even with every module present."""
+    """A seam left out of kernels/dsa.py ROUTED (here the attention-score recomputes, taken out) and the ops with no
+    kernel run the reference path with a warning saying why, even with every module present; as shipped, every
+    seam is routed."""
+    assert seam.ROUTED == set(seam._NAMES)
     kernels = install(monkeypatch, routed=False)
+    monkeypatch.setattr(seam, "ROUTED", frozenset({"indexer", "topk", "sparse_indexer"}))
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))
     idx = i32(rng.integers(-1, 5, (1, 4, 3)))
@@ -337,4 +340,3 @@ def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     with pytest.warns(UserWarning, match="sparse_attention: no GPU kernel exists for this op yet"):
         P.sparse_attention(q, kv, idx)
     assert kernels.calls == [] and list(a.shape) == [1, 4, 5]
-    assert seam.ROUTED == {"indexer", "topk", "sparse_indexer"}

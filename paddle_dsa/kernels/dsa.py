@@ -20,9 +20,9 @@ _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
           "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse"}
 
-# The seams the Paddle ops call. The attention-score recompute kernels are wired below and tested on CPU, but stay
-# off until they pass tests/gpu/test_dsa_attn_score.py's float32 gate (status: ops/dsa/attn_score/dense_sm90.py).
-ROUTED = frozenset({"indexer", "topk", "sparse_indexer"})
+# The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
+# recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py).
+ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score"})
 
 
 def _module(which):
