@@ -212,6 +212,11 @@ def input_grads(wanted, grads):
     return tuple(g if w else None for g, w in zip(grads, wanted))
 
 
+def inplace_version(t):
+    """The tensor's inplace version counter (bumped by every in-place op on it or on a view sharing its storage)."""
+    return int(t._inplace_version())
+
+
 def saved_tensors(ctx):
     """The tensors of ctx.save_for_backward as a tuple (Paddle's ctx.saved_tensor(); no saved_tensors)."""
     return tuple(ctx.saved_tensor())

@@ -27,6 +27,7 @@ shape = C.shape
 is_gpu = C.is_gpu
 needs_grad = C.needs_grad
 saved_tensors = C.saved_tensors
+inplace_version = C.inplace_version
 grad_wanted = C.grad_wanted
 input_grads = C.input_grads
 in_dynamic_mode = C.in_dynamic_mode

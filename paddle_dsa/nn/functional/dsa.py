@@ -29,6 +29,7 @@ from ...reference.dsa import indexer_loss as ref_loss
 from ...reference.dsa import sparse_attention as ref_sparse
 from ...reference.dsa import topk as ref_topk
 from . import _dsa_inputs as I
+from . import _saved as S
 
 __all__ = [
     "indexer_score",
@@ -232,12 +233,13 @@ class _SparseAttention(paddle.autograd.PyLayer):
         ctx.want = tuple(PORT.needs_grad(t) for t in ((query, kv, sink) if sink is not None else (query, kv)))
         ctx.set_materialize_grads(False)
         out = out.astype(query.dtype)
-        ctx.save_for_backward(query, kv, out, lse, *(() if sink is None else (sink,)))
+        S.save(ctx, "sparse_attention", ("query", "kv", "out", "softmax_lse", "attn_sink")[:4 + (sink is not None)],
+               (query, kv, out, lse) + (() if sink is None else (sink,)))
         return out, lse.astype(_F32)
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        saved = PORT.saved_tensors(ctx)
+        saved = S.load(ctx)
         query, kv, out, lse = saved[:4]
         sink = saved[4] if ctx.has_sink else None
         cfg = ctx.cfg
@@ -519,12 +521,13 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
             loss = ref_loss.dense_loss(iq, ik, w, q, kv, lse, cfg.scale, cfg.layout, cfg.limits, cfg.loss_coeff)
         ctx.cfg = cfg
         ctx.want = tuple(PORT.needs_grad(t) for t in (iq, ik, w))
-        ctx.save_for_backward(iq, ik, w, q, kv, lse)
+        S.save(ctx, "indexer_kl_loss", ("index_q", "index_k", "weights", "query", "kv", "softmax_lse"),
+               (iq, ik, w, q, kv, lse))
         return loss.astype(_F32)
 
     @staticmethod
     def backward(ctx, dloss):
-        iq, ik, w, q, kv, lse = PORT.saved_tensors(ctx)
+        iq, ik, w, q, kv, lse = S.load(ctx)
         cfg = ctx.cfg
         ct = C.compute_dtype(iq)
         c = _grad_scale(cfg.loss_coeff, dloss.reshape([]), cfg.layout.norm_rows, ct)

@@ -17,6 +17,7 @@ from ..._port import PORT
 from ...kernels import flash_attention as gpu
 from ...ops.flash_attention import supported as SUPPORTED
 from ...reference import flash_attention as ref
+from . import _saved as S
 
 _REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _warned_fallback = set()
@@ -83,15 +84,17 @@ class _FlashAttention(paddle.autograd.PyLayer):
         ctx.varlen = cu_q is not None
         ctx.want = tuple(PORT.needs_grad(t) for t in (q, k, v))
         ctx.set_materialize_grads(False)
+        names = ("query", "key", "value", "out", "softmax_lse")
         if ctx.varlen:
-            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+            S.save(ctx, "flash_attention_varlen", names + ("cu_seqlens_q", "cu_seqlens_k"), (q, k, v, out, lse, cu_q,
+                                                                                              cu_k))
         else:
-            ctx.save_for_backward(q, k, v, out, lse)
+            S.save(ctx, "flash_attention", names, (q, k, v, out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        saved = PORT.saved_tensors(ctx)
+        saved = S.load(ctx)
         q, k, v, out, lse = saved[:5]
         cu_q, cu_k = saved[5:] if ctx.varlen else (None, None)
         if dout is None:
