@@ -151,10 +151,44 @@ def masked_exp(x, mask):
     return paddle.where(mask, paddle.exp(paddle.where(mask, x, zero)), zero)
 
 
+# NaN-keeping min / max / relu, the same on every Paddle release: paddle.minimum / maximum drop a NaN operand on 2.6
+# and 3.0 (fmin semantics; 3.2+ keep it), relu maps NaN to 0 everywhere, and clip(x, max=b) turns -inf into
+# -FLT_MAX. Selects on a comparison that is False for NaN keep the NaN on the computed side.
+def min_nan(x, bound):
+    """min(x, bound) for a float bound; NaN and -inf kept."""
+    return paddle.where(x > bound, paddle.full_like(x, bound), x)
+
+
+def max_nan(x, bound):
+    """max(x, bound) for a float bound; NaN and +inf kept."""
+    return paddle.where(x < bound, paddle.full_like(x, bound), x)
+
+
+def maximum_nan(a, b):
+    """Elementwise max of two tensors (broadcast), NaN in either kept."""
+    return paddle.where(a > b, a, paddle.where(paddle.isnan(a), a, b + paddle.zeros_like(a)))
+
+
+def nan_relu(x):
+    """max(x, 0), NaN kept (Paddle's relu maps NaN to 0, so a NaN input would vanish from the scores)."""
+    return max_nan(x, 0.0)
+
+
+def relu_slope(x):
+    """d nan_relu / dx: 1 where x > 0, 0 where x <= 0 (and at -inf), NaN where x is NaN."""
+    return paddle.where(x > 0, paddle.ones_like(x), paddle.where(paddle.isnan(x), x, paddle.zeros_like(x)))
+
+
+def below(x, bound):
+    """x < bound, False for NaN: a select on it keeps a NaN on the computed side (never swallows it)."""
+    return x < bound
+
+
 def clamped_exp(x, mask):
-    """exp(min(x, EXP_ARG_MAX)) where mask and x >= EXP_ARG_MIN, exactly 0 elsewhere (incl. x = -inf)."""
-    keep = paddle.logical_and(mask, x >= EXP_ARG_MIN)
-    return masked_exp(paddle.minimum(x, paddle.full_like(x, EXP_ARG_MAX)), keep)
+    """exp(min(x, EXP_ARG_MAX)) where mask and not x < EXP_ARG_MIN, exactly 0 elsewhere (incl. x = -inf); a NaN x
+    at a masked-in entry gives NaN."""
+    keep = paddle.logical_and(mask, paddle.logical_not(below(x, EXP_ARG_MIN)))
+    return masked_exp(min_nan(x, EXP_ARG_MAX), keep)
 
 
 def row_lse(scores, mask, empty_value):

@@ -15,7 +15,7 @@ from . import _common as C
 def _head_sum(s, lse, mask):
     """s [R,H,N] (scaled logits), lse [R,H], mask [R,1,N] bool -> [R,N] saturated head sums."""
     e = C.clamped_exp(s - lse.unsqueeze(-1), mask.expand(s.shape))
-    return paddle.minimum(e.sum(axis=1), paddle.full([1], C.FLT_MAX, dtype=s.dtype))
+    return C.min_nan(e.sum(axis=1), C.FLT_MAX)
 
 
 def _dense_head_sum(s, lse, vis):
@@ -23,16 +23,16 @@ def _dense_head_sum(s, lse, vis):
     The flush and the clamp are per element; the mask is applied once, after the head sum (a masked
     entry is exactly 0 either way, and a NaN there does not pass a where)."""
     x = s - lse.unsqueeze(-1)
-    e = paddle.exp(paddle.clip(x, max=C.EXP_ARG_MAX))
-    e = paddle.where(x >= C.EXP_ARG_MIN, e, paddle.zeros_like(e))
-    hs = paddle.minimum(e.sum(axis=1), paddle.full([1], C.FLT_MAX, dtype=s.dtype))
+    e = paddle.exp(C.min_nan(x, C.EXP_ARG_MAX))
+    e = paddle.where(C.below(x, C.EXP_ARG_MIN), paddle.zeros_like(e), e)     # a NaN x stays NaN
+    hs = C.min_nan(e.sum(axis=1), C.FLT_MAX)
     return paddle.where(vis, hs, paddle.zeros_like(hs))
 
 
 def _l1(score):
     if score.shape[-1] == 0:
         return paddle.zeros(score.shape[:-1], dtype=score.dtype)
-    return paddle.minimum(score.sum(axis=-1), paddle.full([1], C.FLT_MAX, dtype=score.dtype))
+    return C.min_nan(score.sum(axis=-1), C.FLT_MAX)
 
 
 def chunk_scores(query, kv, lse, scale, seg, r0, r1, top, limits, ct):

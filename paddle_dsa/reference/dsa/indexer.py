@@ -21,7 +21,7 @@ def head_logits(q, k):
 
 def weighted_relu_sum(w, logits):
     """w [R, Hi], logits [R, Hi, N] -> sum_h w * relu(logits) [R, N]."""
-    return paddle.matmul(w.unsqueeze(1), paddle.nn.functional.relu(logits)).squeeze(1)
+    return paddle.matmul(w.unsqueeze(1), C.nan_relu(logits)).squeeze(1)
 
 
 def chunk_scores(index_q, index_k, weights, seg, r0, r1, top, limits, ct):

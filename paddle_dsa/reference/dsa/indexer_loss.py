@@ -25,7 +25,7 @@ from .indexer import head_logits
 
 
 def _target(attn_score, attn_l1norm, mask, dtype):
-    t = attn_score.astype(dtype) / paddle.clip(attn_l1norm.astype(dtype), min=C.L1_EPS).unsqueeze(-1)
+    t = attn_score.astype(dtype) / C.max_nan(attn_l1norm.astype(dtype), C.L1_EPS).unsqueeze(-1)
     return paddle.where(mask, t, paddle.zeros_like(t))
 
 
@@ -35,10 +35,10 @@ def loss_sum(index_score, index_lse, attn_score, attn_l1norm, mask):
     ct = index_score.dtype
     if index_score.shape[0] == 0 or index_score.shape[-1] == 0:
         return paddle.zeros([], dtype=ct)
-    t = paddle.clip(_target(attn_score, attn_l1norm, mask, ct), min=C.PROB_MIN)
+    t = C.max_nan(_target(attn_score, attn_l1norm, mask, ct), C.PROB_MIN)
     x = index_score - index_lse.astype(ct).unsqueeze(-1)
     x = paddle.where(mask, x, paddle.zeros_like(x))
-    log_p = paddle.clip(paddle.minimum(x, paddle.zeros_like(x)), min=C.LOG_MIN)
+    log_p = C.max_nan(C.min_nan(x, 0.0), C.LOG_MIN)
     term = paddle.where(mask, t * (paddle.log(t) - log_p), paddle.zeros_like(t))
     return term.sum()
 
@@ -64,9 +64,9 @@ def grad_signal(index_score, index_lse, attn_score, attn_l1norm, mask, c):
     ct = paddle.float64 if index_score.dtype == paddle.float64 else paddle.float32
     x = index_score.astype(ct) - index_lse.astype(ct).unsqueeze(-1)
     x = paddle.where(mask, x, paddle.zeros_like(x))
-    p = C.clamped_exp(paddle.minimum(x, paddle.zeros_like(x)), mask)
-    keep = paddle.logical_and(mask, x >= C.LOG_MIN)
-    t = paddle.clip(_target(attn_score, attn_l1norm, mask, ct), min=C.PROB_MIN)
+    p = C.clamped_exp(C.min_nan(x, 0.0), mask)
+    keep = paddle.logical_and(mask, paddle.logical_not(C.below(x, C.LOG_MIN)))
+    t = C.max_nan(_target(attn_score, attn_l1norm, mask, ct), C.PROB_MIN)
     g = paddle.where(keep, -c.astype(ct) * t, paddle.zeros_like(t))
     return g - p * g.sum(axis=-1, keepdim=True)
 
@@ -89,8 +89,8 @@ def _chunk_backward(index_q, index_k, weights, g, seg, r0, r1, top, dq, dk, dw):
         k = index_k[ka + j0:ka + j1].astype(ct)
         gb = g[:, j0:j1]
         logits = head_logits(q, k)
-        dw_c = dw_c + paddle.matmul(paddle.nn.functional.relu(logits), gb.unsqueeze(-1)).squeeze(-1)
-        da = (gb.unsqueeze(1) * w.unsqueeze(-1) * (logits > 0).astype(ct)).reshape([-1, j1 - j0])
+        dw_c = dw_c + paddle.matmul(C.nan_relu(logits), gb.unsqueeze(-1)).squeeze(-1)
+        da = (gb.unsqueeze(1) * w.unsqueeze(-1) * C.relu_slope(logits)).reshape([-1, j1 - j0])
         dq_c = dq_c + paddle.matmul(da, k).reshape([b - a] + q.shape[1:])
         dk[ka + j0:ka + j1] = dk[ka + j0:ka + j1] + paddle.matmul(da, q.reshape([-1, di]), transpose_x=True)
     dq[a:b] = dq_c
@@ -184,8 +184,8 @@ def sparse_backward(index_q, index_k, weights, gsig, gidx, valid):
         g = paddle.where(valid[r0:r1], gsig[r0:r1], paddle.zeros_like(gsig[r0:r1]))
         gk = C.gather_rows(k_all, gidx[r0:r1], valid[r0:r1])
         logits = paddle.matmul(q, gk, transpose_y=True)
-        dws.append(paddle.matmul(paddle.nn.functional.relu(logits), g.unsqueeze(-1)).squeeze(-1))
-        da = g.unsqueeze(1) * w.unsqueeze(-1) * (logits > 0).astype(ct)
+        dws.append(paddle.matmul(C.nan_relu(logits), g.unsqueeze(-1)).squeeze(-1))
+        da = g.unsqueeze(1) * w.unsqueeze(-1) * C.relu_slope(logits)
         dqs.append(paddle.matmul(da, gk))
         dgk = paddle.matmul(da, q, transpose_x=True)
         dk = paddle.index_add(dk, gidx[r0:r1].reshape([-1]), 0, dgk.reshape([-1, di]))

@@ -24,7 +24,7 @@ def _lse_plus(lse, has, sink):
         return lse
     sk = sink.reshape([1, -1, 1]).expand_as(lse)
     base = paddle.where(has, lse, sk)
-    mx = paddle.maximum(base, sk)
+    mx = C.maximum_nan(base, sk)
     return mx + paddle.log(paddle.exp(base - mx) + paddle.exp(sk - mx))
 
 
@@ -58,7 +58,7 @@ def forward(query, kv, gidx, valid, scale, v_dim, sink=None):
         l_safe = paddle.where(has, l, paddle.ones_like(l))
         lse = paddle.where(has, m_safe + paddle.log(l_safe), paddle.full_like(m, C.NEG_INF))
         lse_p = _lse_plus(lse, has, sink_c)
-        p = C.masked_exp(paddle.minimum(s - lse_p, paddle.zeros_like(s)), vmask)
+        p = C.masked_exp(C.min_nan(s - lse_p, 0.0), vmask)
         outs.append(paddle.matmul(p, gk[:, :, :v_dim]))
         lses.append(lse.squeeze(-1))
     cat = (lambda xs: paddle.concat(xs, axis=0) if len(xs) > 1 else xs[0])
@@ -85,7 +85,7 @@ def backward(query, kv, gidx, valid, out, dout, lse, dlse, scale, v_dim, sink=No
         q, gk, s, vmask, has = _chunk_logits(query, kv_c, gidx, valid, r0, r1, scale, ct)
         lse_c = lse[r0:r1].astype(ct).unsqueeze(-1)
         lse_p = _lse_plus(lse_c, has, sink_c)
-        p = C.masked_exp(paddle.minimum(s - lse_p, paddle.zeros_like(s)), vmask)
+        p = C.masked_exp(C.min_nan(s - lse_p, 0.0), vmask)
         do = dout[r0:r1].astype(ct)
         delta = paddle.where(has, (out[r0:r1].astype(ct) * do).sum(axis=-1, keepdim=True),
                              paddle.zeros([r1 - r0, h, 1], dtype=ct))
@@ -93,7 +93,7 @@ def backward(query, kv, gidx, valid, out, dout, lse, dlse, scale, v_dim, sink=No
         ds = p * (paddle.matmul(do, gv, transpose_y=True) - delta)
         if dlse is not None:
             lse_safe = paddle.where(has, lse_c, paddle.zeros_like(lse_c))
-            pn = C.masked_exp(paddle.minimum(s - lse_safe, paddle.zeros_like(s)), vmask)
+            pn = C.masked_exp(C.min_nan(s - lse_safe, 0.0), vmask)
             ds = ds + dlse[r0:r1].astype(ct).unsqueeze(-1) * pn
         dqs.append(paddle.matmul(ds, gk) * scale)
         dgk = paddle.matmul(ds, q, transpose_x=True) * scale
