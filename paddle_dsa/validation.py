@@ -95,6 +95,9 @@ def check_int(op, name, v, minimum=None):
     return v
 
 
+WINDOW_MAX = 2**31 - 1
+
+
 def check_window(op, window_size):
     """(left, right), each an int >= -1 where -1 means unbounded."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
@@ -105,7 +108,9 @@ def check_window(op, window_size):
             fail(op, f"`window_size` {side} must be an int, got {type(v).__name__}", TypeError)
         if v < -1:
             fail(op, f"`window_size` {side} must be >= 0, or -1 for unbounded; got {int(v)}")
-    return int(left), int(right)
+    # a side beyond any sequence length is unbounded in effect: clamp it to the int32 the kernels take (2**70 would
+    # otherwise overflow the mask arithmetic)
+    return min(int(left), WINDOW_MAX), min(int(right), WINDOW_MAX)
 
 
 def check_cu_seqlens(op, name, cu, total_tokens, max_name, max_seqlen):
@@ -115,7 +120,7 @@ def check_cu_seqlens(op, name, cu, total_tokens, max_name, max_seqlen):
     check_dtype(op, name, cu, ("int32",))
     if shp[0] < 2:
         fail(op, f"`{name}` must have at least 2 entries ([batch + 1]), got shape {list(shp)}")
-    if config.check_cu_seqlens_values:
+    if config.check_cu_seqlens_values or not PORT.is_gpu(cu):     # on the host anyway: checking costs nothing
         vals = PORT.to_numpy(cu).astype(np.int64)
         if vals[0] != 0:
             fail(op, f"`{name}` must start at 0, got {int(vals[0])}")

@@ -75,14 +75,18 @@ def test_varlen_validation(args, exc, match):
         F.flash_attention_varlen(*args)
 
 
-def test_cu_seqlens_value_checks_can_be_turned_off():
-    """With the value checks off nothing reads cu_seqlens on the host at validation (documented trade-off)."""
-    old = paddle_dsa.config.check_cu_seqlens_values
-    paddle_dsa.config.check_cu_seqlens_values = False
-    try:
-        F.flash_attention_varlen(t(VQ), t(VK), t(VK), cu([0, 4, 10]), cu([0, 6, 12]), 1, 1)
-    finally:
-        paddle_dsa.config.check_cu_seqlens_values = old
+def test_cu_seqlens_value_checks_can_be_turned_off(monkeypatch):
+    """With the value checks off, validation reads nothing on the host for cu_seqlens on a GPU place (documented
+    trade-off); on a CPU place the values are on the host already and are always checked."""
+    from paddle_dsa import validation
+    from paddle_dsa._port import PORT
+    monkeypatch.setattr(paddle_dsa.config, "check_cu_seqlens_values", False)
+    monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
+
+    def no_host_read(_):
+        raise AssertionError("cu_seqlens read on the host")
+    monkeypatch.setattr(PORT, "to_numpy", no_host_read)
+    assert validation.check_cu_seqlens("op", "cu_seqlens_q", cu([0, 4, 10]), 10, "max_seqlen_q", 1) == 2
 
 
 @pytest.mark.parametrize("dtype,head_dim,match", [
