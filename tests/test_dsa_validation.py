@@ -44,7 +44,7 @@ INDEXER_ERRORS = [
     (ValueError, "batch 1 != `index_k` batch 2", lambda f: f(IQ, T((2, SK, DI)), W)),
     (ValueError, "head_dim 64 != `index_k` head_dim 32", lambda f: f(IQ, T((B, SK, 32)), W)),
     (ValueError, "weights.*shape \\[1, 3, 16\\]", lambda f: f(IQ, IK, T((B, SQ, 8)))),
-    (ValueError, "empty axis", lambda f: f(T((B, 0, HI, DI)), IK, T((B, 0, HI)))),
+    (ValueError, "empty axis", lambda f: f(T((B, SQ, HI, 0)), T((B, SK, 0)), W)),     # head_dim 0 (B, S may be 0)
     (TypeError, "index_q.*dtype int32", lambda f: f(I32(np.zeros((B, SQ, HI, DI))), IK, W)),
     (TypeError, "share one dtype", lambda f: f(IQ, T((B, SK, DI), "float64"), W)),
     (TypeError, "weights.*dtype int64", lambda f: f(IQ, IK, I32(np.zeros((B, SQ, HI)), "int64"))),

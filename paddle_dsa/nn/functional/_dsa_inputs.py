@@ -98,6 +98,13 @@ class Seq:
         return "[total_q]" if self.thd else "[batch, seq_q]"
 
 
+# The ops whose BSHD batch / sequence axes may be 0: they return the documented empty result without a launch
+# (nn/functional/dsa.py: the "empty" route; sparse_attention: _empty.empty_attention). The backward pieces and the
+# loss still require every axis >= 1.
+EMPTY_BSHD_OK = frozenset({"indexer_score", "dense_indexer_score_recompute", "dense_attn_score_recompute",
+                           "sparse_indexer_score_recompute", "sparse_attn_score_recompute", "sparse_attention"})
+
+
 def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, cu_seqlens_k, max_q=None,
               max_k=None):
     """Ranks of the query-side and key-side tensors, and the cu_seqlens pair; returns (Seq, qs, ks). cu_seqlens
@@ -110,8 +117,9 @@ def parse_seq(op, q_name, q, k_name, k, q_rank_bshd, k_rank_bshd, cu_seqlens_q, 
     if cu_seqlens_q is None:
         qs = V.check_rank(op, q_name, q, q_rank_bshd, "BSHD")
         ks = V.check_rank(op, k_name, k, k_rank_bshd, "BSHD")
-        V.check_positive_dims(op, q_name, qs, range(q_rank_bshd))
-        V.check_positive_dims(op, k_name, ks, range(k_rank_bshd))
+        first = 2 if op in EMPTY_BSHD_OK else 0     # batch / sequence axes may be 0 where the op handles it
+        V.check_positive_dims(op, q_name, qs, range(first, q_rank_bshd))
+        V.check_positive_dims(op, k_name, ks, range(first, k_rank_bshd))
         if qs[0] != ks[0]:
             V.fail(op, f"`{q_name}` batch {qs[0]} != `{k_name}` batch {ks[0]}")
         seq = Seq(op, False, qs[0], qs[0] * qs[1], ks[0] * ks[1], sq=qs[1], sk=ks[1])

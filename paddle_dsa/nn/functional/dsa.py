@@ -30,6 +30,7 @@ from ...reference.dsa import sparse_attention as ref_sparse
 from ...reference.dsa import topk as ref_topk
 from . import _dsa_inputs as I
 from . import _saved as S
+from ._empty import empty_attention
 
 __all__ = [
     "indexer_score",
@@ -74,9 +75,9 @@ def _route(op, on_gpu, which, empty=False, why_not=None):
 
 
 def _dense_empty(seq):
-    """A dense score problem with nothing to compute (THD: no query row, no key, or zero score columns; BSHD axes
-    are never empty). The width may need a host read: only when the caller gave no max_seqlen_k."""
-    return seq.thd and (seq.tq == 0 or seq.tk == 0 or seq.width() == 0)
+    """A dense score problem with nothing to compute: no query row, no key, or zero score columns (BSHD: B, Sq or
+    Sk is 0). The THD width may need a host read: only when the caller gave no max_seqlen_k."""
+    return seq.tq == 0 or seq.tk == 0 or seq.width() == 0
 
 
 def _filled(shape, value, dtype=_F32):
@@ -289,6 +290,11 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
         I.check_attention_table(op, query, h, dqk, dv)
+    if seq.tq == 0 or seq.tk == 0:      # no query row or no key: out 0, lse -inf, zero gradients; no launch
+        lse_shape = (h, seq.tq) if seq.thd else (seq.batch, h, seq.sq)
+        inputs = (query, kv) + (() if attn_sink is None else (attn_sink,))
+        out, lse = empty_attention(inputs, seq.rows() + (h, dv), lse_shape)
+        return (out, lse) if return_softmax_lse else out
     _gpu(op, on_gpu)
     layout = seq.layout()
     gidx, valid = C.slot_validity(layout, idx, tl, query.place)

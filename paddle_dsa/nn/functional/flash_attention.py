@@ -18,6 +18,7 @@ from ...kernels import flash_attention as gpu
 from ...ops.flash_attention import supported as SUPPORTED
 from ...reference import flash_attention as ref
 from . import _saved as S
+from ._empty import empty_attention
 
 _REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _warned_fallback = set()
@@ -152,7 +153,7 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     V.require_dynamic_mode(op)
     (qs, ks, vs), dtype = _check_qkv(op, query, key, value, 4, "[batch, seq, heads, head_dim]")
     for n, s in (("query", qs), ("key", ks)):
-        V.check_positive_dims(op, n, s, range(4))
+        V.check_positive_dims(op, n, s, (2, 3))      # batch and sequence may be 0: an empty problem
     if qs[0] != ks[0]:
         V.fail(op, f"`query` batch {qs[0]} != `key` batch {ks[0]}")
     _check_heads(op, qs, ks, vs, 2)
@@ -160,6 +161,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
         _check_gpu_table(op, dtype, qs[3])
+    if 0 in (qs[0], qs[1], ks[1]):      # no batch, no query row or no key: out 0, lse -inf, zero gradients
+        out, lse = empty_attention((query, key, value), qs, (qs[0], qs[2], qs[1]))
+        return (out, lse) if return_softmax_lse else out
     cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=on_gpu, max_q=qs[1], max_k=ks[1])
     out, lse = _FlashAttention.apply(query, key, value, cfg)
     return (out, lse) if return_softmax_lse else out
@@ -195,8 +199,10 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
     V.check_same_place(op, ("query", "cu_seqlens_q", "cu_seqlens_k"), (query, cu_seqlens_q, cu_seqlens_k))
     if on_gpu:
         _check_gpu_table(op, dtype, qs[2])
-    # An empty token axis has no TMA descriptor: such calls (every row sees no key) take the reference path.
-    kernel_shape = on_gpu and qs[0] > 0 and ks[0] > 0
+    if qs[0] == 0 or ks[0] == 0:        # no query token, or no key token (every row sees no key): no launch
+        out, lse = empty_attention((query, key, value), qs, (qs[1], qs[0]))
+        return (out, lse) if return_softmax_lse else out
+    kernel_shape = on_gpu
     cu_q_host = cu_k_host = None
     if not (kernel_shape and gpu.available("fwd") and gpu.available("bwd")):
         cu_q_host = np.asarray(PORT.to_numpy(cu_seqlens_q), dtype=np.int64)
