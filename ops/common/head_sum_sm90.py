@@ -62,6 +62,19 @@ def ring_state(stages: int, ring: Int32, i: Int32, producer: bool):
 
 
 @cute.jit
+def issue_group(mma: cute.TiledMma, mma_acc: cute.TiledMma, dst: cute.Tensor, tSrK: cute.Tensor, tSrQ: cute.Tensor,
+                stage: Int32, c: cutlass.Constexpr, g: cutlass.Constexpr, promote: cutlass.Constexpr,
+                kpc: cutlass.Constexpr):
+    """One promotion group of mma_block: dst = the sum over k-blocks g*promote .. of chunk c (K from ring stage
+    `stage`), a fresh wgmma accumulation (the first k-block overwrites), committed as one group."""
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(promote):
+        k = g * promote + kb
+        cute.gemm(mma if kb == 0 else mma_acc, dst, tSrK[None, None, k, stage], tSrQ[None, None, c * kpc + k], dst)
+    warpgroup.commit_group()
+
+
+@cute.jit
 def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, part: cute.Tensor,
               tSrK: cute.Tensor, tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32,
               n_chunks: cutlass.Constexpr, kpc: cutlass.Constexpr, promote: cutlass.Constexpr,
@@ -101,12 +114,7 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
             if cutlass.const_expr(g == 0):
                 pipe.consumer_wait(st)
             dst = acc if i == 0 else (part if i % 2 == 1 else part2)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(promote):
-                k = g * promote + kb
-                cute.gemm(mma if kb == 0 else mma_acc, dst, tSrK[None, None, k, st.index],
-                          tSrQ[None, None, c * kpc + k], dst)
-            warpgroup.commit_group()
+            issue_group(mma, mma_acc, dst, tSrK, tSrQ, st.index, c, g, promote, kpc)
             if cutlass.const_expr(i > 0):
                 warpgroup.wait_group(1)          # group i - 1 retired
                 if cutlass.const_expr((i - 1) % groups == groups - 1):
@@ -127,12 +135,7 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
             for g in cutlass.range_constexpr(groups):
                 first = c == 0 and g == 0
                 dst = acc if first else part
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(promote):
-                    k = g * promote + kb
-                    cute.gemm(mma if kb == 0 else mma_acc, dst, tSrK[None, None, k, st.index],
-                              tSrQ[None, None, c * kpc + k], dst)
-                warpgroup.commit_group()
+                issue_group(mma, mma_acc, dst, tSrK, tSrQ, st.index, c, g, promote, kpc)
                 warpgroup.wait_group(0)
                 if cutlass.const_expr(g == groups - 1):
                     pipe.consumer_release(st)
