@@ -15,8 +15,16 @@ Semantics follow Paddle's where they differ from paddle_dsa.nn.functional:
 - cu_seqlens may be int32 or int64 (converted on the device).
 What cannot be honoured raises NotImplementedError naming it, never ignored silently: dropout > 0 while training,
 return_softmax=True, fixed_seed_offset, an attn_mask, enable_gqa=False with fewer key heads than query heads,
-backend. flashmask_attention is not provided yet (issue 13).
+backend.
+flashmask_attention takes the document masks real trainers pass (PaddleNLP's causal one-column form, PaddleFleet's
+four-column block-diagonal form) and runs them as packed sequences (flash_attention_varlen): the segment offsets
+are computed on the device, no host sync unless config.check_cu_seqlens_values asks for the check that the mask is
+such a document mask; any other mask raises NotImplementedError.
 """
+import numpy as np
+import paddle
+
+from . import config
 from . import validation as V
 from ._port import PORT
 from .nn import functional as F
@@ -105,3 +113,84 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     causal, window = _causal_window(op, is_causal, qs[1], ks[1])
     out = F.flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window)
     return out.squeeze(0) if three else out
+
+
+def _doc_offsets(doc_end):
+    """doc_end int32 [B, S]: the end row of each key's document -> cu_seqlens int32 [B * S + 1] of the packed batch
+    (one segment a document, zero-length segments padding each batch row to S + 1 offsets), on the device."""
+    b, s = PORT.shape(doc_end)
+    e = doc_end.astype("int64")
+    start = paddle.concat([paddle.ones([b, 1], "bool"), e[:, 1:] != e[:, :-1]], axis=1)      # a document begins
+    seg = paddle.cumsum(start.astype("int64"), axis=1) - 1                                  # its ordinal
+    slot = paddle.where(start, seg, paddle.full_like(seg, s + 1))                           # others: a dummy slot
+    rows = paddle.arange(b, dtype="int64").unsqueeze(1) * (s + 2)
+    cols = paddle.arange(s, dtype="int64").unsqueeze(0).expand([b, s])
+    buf = paddle.full([b * (s + 2)], s, dtype="int64")
+    buf = paddle.scatter(buf, (slot + rows).reshape([-1]), cols.reshape([-1]).astype("int64"), overwrite=True)
+    per_batch = buf.reshape([b, s + 2])[:, :s] + paddle.arange(b, dtype="int64").unsqueeze(1) * s
+    return paddle.concat([per_batch.reshape([-1]), paddle.full([1], b * s, dtype="int64")]).astype("int32")
+
+
+def _check_document_mask(op, sri, causal):
+    """Host check (config.check_cu_seqlens_values) that startend_row_indices is a document mask: key j's first
+    column is the end of its document (runs of equal values ending at their value), and with four columns the
+    others are (S, 0, its document's start)."""
+    a = np.asarray(PORT.to_numpy(sri), np.int64)[:, 0]          # [B, S, C]
+    s = a.shape[1]
+    j = np.arange(s)
+    end = a[..., 0]
+    start = np.zeros_like(end)
+    for bi in range(a.shape[0]):
+        st = 0
+        for jj in range(s):
+            if jj > 0 and end[bi, jj] != end[bi, jj - 1]:
+                st = jj
+            start[bi, jj] = st
+    nxt = np.concatenate([end[:, 1:], np.full((end.shape[0], 1), -1)], axis=1)
+    ok = (end > j) & (end <= s) & ((end == nxt) == (end != j + 1))
+    if not causal:
+        ok &= (a[..., 1] == s) & (a[..., 2] == 0) & (a[..., 3] == start)
+    if not ok.all():
+        _unsupported(op, "this startend_row_indices (only document masks are: PaddleNLP's causal one-column form and "
+                         "PaddleFleet's four-column block-diagonal form)")
+
+
+def flashmask_attention(query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False, window_size=None,
+                        return_softmax_lse=False, return_seed_offset=False, fixed_seed_offset=None, rng_name="",
+                        training=True, name=None, softmax_scale=None, block_mask=None):
+    """Paddle's flashmask_attention for document masks: [B, S, H, D] -> out, or (out, softmax_lse [B, H, S])."""
+    op = "flashmask_attention"
+    _no_dropout(op, dropout, training)
+    for arg, what in ((window_size, "window_size"), (fixed_seed_offset, "fixed_seed_offset"),
+                      (block_mask, "block_mask")):
+        if arg is not None:
+            _unsupported(op, what)
+    if return_seed_offset:
+        _unsupported(op, "return_seed_offset=True")
+    if startend_row_indices is None:
+        out, lse = F.flash_attention(query, key, value, causal=bool(causal), softmax_scale=softmax_scale,
+                                     return_softmax_lse=True)
+        return (out, lse) if return_softmax_lse else out
+    V.check_tensor(op, "query", query)
+    V.check_tensor(op, "startend_row_indices", startend_row_indices)
+    qs, ks, shp = PORT.shape(query), PORT.shape(key), PORT.shape(startend_row_indices)
+    if PORT.dtype_name(startend_row_indices.dtype) != "int32":
+        V.fail(op, "`startend_row_indices` must be int32", TypeError)
+    forms = {True: (1,), False: (4,)}[bool(causal)]
+    if len(shp) != 4 or shp[0] != qs[0] or shp[1] != 1 or shp[2] != ks[1] or shp[3] not in forms:
+        _unsupported(op, f"startend_row_indices of shape {list(shp)} with causal={bool(causal)} (supported: "
+                         f"[B, 1, S, 1] with causal=True, [B, 1, S, 4] with causal=False: document masks)")
+    if qs[1] != ks[1]:
+        _unsupported(op, f"a document mask with {qs[1]} queries and {ks[1]} keys (they must be equal)")
+    if config.check_cu_seqlens_values:
+        _check_document_mask(op, startend_row_indices, bool(causal))
+    b, s = qs[0], qs[1]
+    cu = _doc_offsets(startend_row_indices[:, 0, :, 0])
+    flat = [x.reshape([b * s] + list(PORT.shape(x))[2:]) for x in (query, key, value)]
+    out, lse = F.flash_attention_varlen(*flat, cu, cu, s, s, causal=bool(causal), softmax_scale=softmax_scale,
+                                        return_softmax_lse=True)
+    out = out.reshape(list(qs[:3]) + [PORT.shape(value)[-1]])
+    if not return_softmax_lse:
+        return out
+    return out, lse.reshape([qs[2], b, s]).transpose([1, 0, 2])
+
