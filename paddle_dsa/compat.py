@@ -168,7 +168,10 @@ def flashmask_attention(query, key, value, startend_row_indices=None, *, dropout
     if return_seed_offset:
         _unsupported(op, "return_seed_offset=True")
     if startend_row_indices is None:
-        out, lse = F.flash_attention(query, key, value, causal=bool(causal), softmax_scale=softmax_scale,
+        V.check_tensor(op, "query", query)
+        V.check_tensor(op, "key", key)
+        c, window = _causal_window(op, causal, PORT.shape(query)[1], PORT.shape(key)[1])
+        out, lse = F.flash_attention(query, key, value, causal=c, softmax_scale=softmax_scale, window_size=window,
                                      return_softmax_lse=True)
         return (out, lse) if return_softmax_lse else out
     V.check_tensor(op, "query", query)
