@@ -46,5 +46,7 @@ setup(
         "paddle-3.0": ["paddlepaddle==3.0.0"],
         "paddle-3.2": ["paddlepaddle==3.2.2"],
         "paddle-2.6": ["paddlepaddle==2.6.2", "protobuf>=4.21.12,<5", "numpy<2"],
+        # optional: the PaddleFormers registry test against the real library (tests/test_integrations_paddleformers.py)
+        "paddleformers": ["paddleformers==1.2.0"],
     },
 )
