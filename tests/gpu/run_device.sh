@@ -6,7 +6,8 @@
 # Logs go to $OUT (or /tmp/gpu_out when OUT is unset): one log per test file (JUNIT=1 adds junit XML), all sanitizer
 # output in sanitize.log (a device call brings back at most 8 files); a test may write $OUT/<test file>.table.
 # PYTEST_ARGS is passed to every pytest run (e.g. "--timeout=60", pytest-timeout is on the device).
-# Knobs: GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
+# Knobs: RUN_DSA_DIAG=1 runs bench/dsa_attn_precision.py (DSA_PRECISION_ARGS) and bench/topk_breakdown.py;
+# GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
 # bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
 # BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
@@ -92,6 +93,19 @@ if [ "${RUN_DSA_BENCH:-0}" = "1" ] && [ -f bench/dsa_indexer.py ]; then
   ROWS+=("$(printf '%-28s rc=%-3s %4ss' bench_dsa "$rc" "$(( $(date +%s) - start ))")")
   sed -n '/^# table/,$p' "$OUT/bench_dsa.log"
   grep -E "^# cuDNN|Error|error" "$OUT/bench_dsa.log" | head -5
+fi
+
+if [ "${RUN_DSA_DIAG:-0}" = "1" ]; then
+  # diagnostics of the DSA kernels (docs/performance.md): precision vs speed of the attention-score promotion, and
+  # where the top-k's time goes
+  start=$(date +%s)
+  timeout "${DIAG_TIMEOUT:-150}" python3 bench/dsa_attn_precision.py ${DSA_PRECISION_ARGS:-} > "$OUT/dsa_precision.log" 2>&1
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss' dsa_precision "$?" "$(( $(date +%s) - start ))")")
+  tail -8 "$OUT/dsa_precision.log"
+  start=$(date +%s)
+  timeout "${DIAG_TIMEOUT:-150}" python3 bench/topk_breakdown.py > "$OUT/topk_breakdown.log" 2>&1
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss' topk_breakdown "$?" "$(( $(date +%s) - start ))")")
+  cat "$OUT/topk_breakdown.log"
 fi
 
 echo
