@@ -4,7 +4,9 @@ Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shr
 W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 finite columns, the rest -inf, as the
 indexer writes them). With --ncu, run only the first row once (for `ncu --launch-count 1`).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu]
+With --reg-sort, every row is timed again with TopkSm90.REG_SORT (the register / shuffle bitonic sort).
+
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
 """
 import argparse
 import os
@@ -36,14 +38,20 @@ def main(a):
         topk_fwd(s, out, stream=st)
         torch.cuda.synchronize()
         return
-    for name, s, k in cases:
-        out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-        t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-        print(f"{name:22s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
+    from ops.dsa.topk import fwd, topk_sm90
+    for reg in ([False, True] if a.reg_sort else [False]):
+        topk_sm90.TopkSm90.REG_SORT = reg
+        fwd._CACHE.clear()
+        for name, s, k in cases:
+            out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+            t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+            tag = " (REG_SORT)" if reg else ""
+            print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--ncu", action="store_true")
+    p.add_argument("--reg-sort", action="store_true")
     main(p.parse_args())

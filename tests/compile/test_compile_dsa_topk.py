@@ -36,3 +36,13 @@ def test_topk_ptx(tmp_path):
     text = ptx[0].read_text()
     assert "atom.shared" in text or "red.shared" in text       # shared-memory histogram
     assert "st.local" not in text and "ld.local" not in text
+
+
+@pytest.mark.parametrize("p", [512, 1024, 2048])
+def test_compile_register_sort(monkeypatch, p):
+    """TopkSm90.REG_SORT (off by default until it passes on the H200) still compiles: the register / shuffle
+    bitonic network for E = P / 512 elements a thread."""
+    from ops.dsa.topk import topk_sm90
+    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", True)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    assert fwd.compile_variant(fwd.variant_key(p, True, True)) is not None

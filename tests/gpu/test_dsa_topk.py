@@ -125,3 +125,18 @@ def test_cuda_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, reference(s, 512))
+
+
+@pytest.mark.parametrize("k", [300, 1000, 2048])
+def test_register_sort(monkeypatch, k):
+    """TopkSm90.REG_SORT (the bitonic network in registers / shuffles, shared memory only for partners 32 E apart;
+    off by default until this passes on the H200): same indices as the stable sort, with ties and padding."""
+    from ops.dsa.topk import fwd, topk_sm90
+    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", True)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    torch.manual_seed(k)
+    check(torch.randn(16, 32768, device=DEV), k)
+    s = (torch.randn(8, 3000, device=DEV) * 3).round()
+    s[0, :] = 1.5
+    s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last
+    check(s, k)
