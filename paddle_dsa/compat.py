@@ -39,6 +39,15 @@ def _no_dropout(op, dropout, training):
         _unsupported(op, f"dropout = {dropout} in training (paddle_dsa's kernels have no dropout)")
 
 
+def _fa_only_supported(op, dropout, training, return_softmax, fixed_seed_offset):
+    """Paddle flash-attention arguments paddle_dsa cannot honour: NotImplementedError naming the first one."""
+    _no_dropout(op, dropout, training)
+    if return_softmax:
+        _unsupported(op, "return_softmax=True")
+    if fixed_seed_offset is not None:
+        _unsupported(op, "fixed_seed_offset")
+
+
 def _causal_window(op, causal, sq, sk):
     """(causal, window_size) of paddle_dsa for Paddle's top-left causal mask over sq queries and sk keys."""
     if not causal or sq == sk:
@@ -53,11 +62,7 @@ def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax
                     rng_name="", training=True, name=None, softmax_scale=None):
     """Paddle's paddle.nn.functional.flash_attention.flash_attention: [B, S, H, D] -> (out, None)."""
     op = "flash_attention"
-    _no_dropout(op, dropout, training)
-    if return_softmax:
-        _unsupported(op, "return_softmax=True")
-    if fixed_seed_offset is not None:
-        _unsupported(op, "fixed_seed_offset")
+    _fa_only_supported(op, dropout, training, return_softmax, fixed_seed_offset)
     V.check_tensor(op, "query", query)
     V.check_tensor(op, "key", key)
     causal, window = _causal_window(op, causal, PORT.shape(query)[1], PORT.shape(key)[1])
@@ -72,11 +77,7 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
     must have as many keys as queries (Paddle's top-left mask equals paddle_dsa's bottom-right one then); this is
     checked on the host where cu_seqlens_q and cu_seqlens_k are different tensors."""
     op = "flash_attn_unpadded"
-    _no_dropout(op, dropout, training)
-    if return_softmax:
-        _unsupported(op, "return_softmax=True")
-    if fixed_seed_offset is not None:
-        _unsupported(op, "fixed_seed_offset")
+    _fa_only_supported(op, dropout, training, return_softmax, fixed_seed_offset)
     cu = []
     for nm, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         V.check_tensor(op, nm, c)
@@ -139,13 +140,8 @@ def _check_document_mask(op, sri, causal):
     s = a.shape[1]
     j = np.arange(s)
     end = a[..., 0]
-    start = np.zeros_like(end)
-    for bi in range(a.shape[0]):
-        st = 0
-        for jj in range(s):
-            if jj > 0 and end[bi, jj] != end[bi, jj - 1]:
-                st = jj
-            start[bi, jj] = st
+    begins = np.concatenate([np.ones((end.shape[0], 1), bool), end[:, 1:] != end[:, :-1]], axis=1)
+    start = np.maximum.accumulate(np.where(begins, j[None, :], 0), axis=1)      # each key's run start
     nxt = np.concatenate([end[:, 1:], np.full((end.shape[0], 1), -1)], axis=1)
     ok = (end > j) & (end <= s) & ((end == nxt) == (end != j + 1))
     if not causal:

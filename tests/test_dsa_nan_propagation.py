@@ -251,3 +251,25 @@ def test_indexer_backward_pieces(rng, place, sparse):
     assert np.isnan(dq[0][rows]).all() and np.isnan(dw[0][rows]).all()
     same_elsewhere(dq[0][~rows], clean[0][0][~rows], np.zeros_like(dq[0][~rows], bool))
     same_elsewhere(dw[0][~rows], clean[2][0][~rows], np.zeros_like(dw[0][~rows], bool))
+
+
+def test_sparse_attention_sink(rng, place):
+    """A NaN attention sink of head h reaches head h's output in every row with a valid slot (the sink enters each
+    row's normaliser), and no other head; a row with no valid slot stays out 0."""
+    a = inputs(rng)
+    idx = a["idx"].copy()
+    idx[0, 2] = -1                                          # row 2: no valid slot
+    sink = np.zeros(H, np.float32)
+
+    def run(sink):
+        out = P.sparse_attention(tensor(a["q"], "bfloat16"), tensor(a["kv"], "bfloat16"), paddle.to_tensor(idx),
+                                 v_head_dim=512, attn_sink=tensor(sink, "float32"))
+        return np_of(out)
+
+    clean = run(sink)
+    sink[5] = NAN
+    got = run(sink)
+    m = np.zeros(got[0].shape, bool)
+    m[:, 5, :] = True
+    m[2] = False
+    same_elsewhere(got[0], clean[0], m)

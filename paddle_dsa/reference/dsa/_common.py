@@ -151,7 +151,7 @@ def masked_exp(x, mask):
     return paddle.where(mask, paddle.exp(paddle.where(mask, x, zero)), zero)
 
 
-# NaN-keeping min / max / relu, the same on every Paddle release: paddle.minimum / maximum drop a NaN operand on 2.6
+# NaN-keeping min / max / relu (they keep a NaN, never mask one), the same on every Paddle release: paddle.minimum / maximum drop a NaN operand on 2.6
 # and 3.0 (fmin semantics; 3.2+ keep it), relu maps NaN to 0 everywhere, and clip(x, max=b) turns -inf into
 # -FLT_MAX. Selects on a comparison that is False for NaN keep the NaN on the computed side.
 def min_nan(x, bound):
@@ -164,9 +164,10 @@ def max_nan(x, bound):
     return paddle.where(x < bound, paddle.full_like(x, bound), x)
 
 
-def maximum_nan(a, b):
-    """Elementwise max of two tensors (broadcast), NaN in either kept."""
-    return paddle.where(a > b, a, paddle.where(paddle.isnan(a), a, b + paddle.zeros_like(a)))
+def stable_max(a, b):
+    """max(a, b) as the stabiliser of a logaddexp: where(a < b, b, a) keeps a NaN in a; a NaN in b is dropped here
+    but reaches the result through exp(b - max) (the caller's sum), so the logaddexp is NaN either way."""
+    return paddle.where(a < b, b + paddle.zeros_like(a), a)
 
 
 def nan_relu(x):
@@ -175,8 +176,9 @@ def nan_relu(x):
 
 
 def relu_slope(x):
-    """d nan_relu / dx: 1 where x > 0, 0 where x <= 0 (and at -inf), NaN where x is NaN."""
-    return paddle.where(x > 0, paddle.ones_like(x), paddle.where(paddle.isnan(x), x, paddle.zeros_like(x)))
+    """d nan_relu / dx: 1 where x > 0, 0 where x <= 0 (and at -inf), x itself (NaN) where x is NaN: both comparisons
+    are False for NaN, so it falls through to x."""
+    return paddle.where(x > 0, paddle.ones_like(x), paddle.where(x <= 0, paddle.zeros_like(x), x))
 
 
 def below(x, bound):

@@ -24,7 +24,7 @@ def _lse_plus(lse, has, sink):
         return lse
     sk = sink.reshape([1, -1, 1]).expand_as(lse)
     base = paddle.where(has, lse, sk)
-    mx = C.maximum_nan(base, sk)
+    mx = C.stable_max(base, sk)
     return mx + paddle.log(paddle.exp(base - mx) + paddle.exp(sk - mx))
 
 
