@@ -106,7 +106,7 @@ class HeadSumCall:
            stream_handle(stream))
 
 
-def _fake_tensor(dtype, shape, divisibility, align):
+def fake_tensor(dtype, shape, divisibility, align):
     """A stand-in tensor: None extents dynamic, inner stride 1, the other strides dynamic int64 multiples of
     `divisibility` elements, base `align`-byte aligned."""
     import cutlass.cute as cute
@@ -119,7 +119,7 @@ def _fake_tensor(dtype, shape, divisibility, align):
 def _fake_common(head_dim, heads, varlen, col_dtype, col_shape):
     """(lead, q, k, col, cu factory) shared by both calls' stand-ins."""
     import cutlass
-    t = _fake_tensor
+    t = fake_tensor
     lead = (None,) if varlen else (None, None)
     q = t(cutlass.BFloat16, lead + (heads, head_dim), 8, 16)
     k = t(cutlass.BFloat16, lead + (head_dim,), 8, 16)
@@ -135,9 +135,9 @@ def fake_args(head_dim, heads, varlen, col_dtype, col_shape, with_stat, has_offs
     from cutlass.cute.runtime import make_fake_stream
     f32, i32 = cutlass.Float32, cutlass.Int32
     lead, q, k, col, cu = _fake_common(head_dim, heads, varlen, col_dtype, col_shape)
-    s = _fake_tensor(f32, lead + (None,), 1, 4)
-    stat = _fake_tensor(f32, lead, 1, 4) if with_stat else None
-    off = _fake_tensor(i32, (None,), 1, 4) if has_offsets else None
+    s = fake_tensor(f32, lead + (None,), 1, 4)
+    stat = fake_tensor(f32, lead, 1, 4) if with_stat else None
+    off = fake_tensor(i32, (None,), 1, 4) if has_offsets else None
     return (q, k, col, s, stat, off, cu(), cu(), f32(1.0), i32(1), i32(1), i32(1), make_fake_stream())
 
 
@@ -201,8 +201,8 @@ def sparse_fake_args(head_dim, heads, varlen, col_dtype, col_shape, has_length):
     from cutlass.cute.runtime import make_fake_stream
     f32, i32 = cutlass.Float32, cutlass.Int32
     lead, q, k, col, cu = _fake_common(head_dim, heads, varlen, col_dtype, col_shape)
-    idx = _fake_tensor(i32, lead + (None,), 1, 4)
-    length = _fake_tensor(i32, lead, 1, 4) if has_length else None
-    s = _fake_tensor(f32, lead + (None,), 1, 4)
-    stat = _fake_tensor(f32, lead, 1, 4)
+    idx = fake_tensor(i32, lead + (None,), 1, 4)
+    length = fake_tensor(i32, lead, 1, 4) if has_length else None
+    s = fake_tensor(f32, lead + (None,), 1, 4)
+    stat = fake_tensor(f32, lead, 1, 4)
     return (q, k, col, idx, length, s, stat, cu(), cu(), f32(1.0), make_fake_stream())

@@ -38,6 +38,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from .gather_sm90 import find_sequence, publish
 from .head_sum_sm90 import mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
@@ -116,28 +117,13 @@ class SparseHeadSumSm90:
             if row >= mCuQ[n_seq]:
                 self.clear_row(mS, mStat, batch, row, tidx)
             else:
-                b = self.find_sequence(mCuQ, n_seq, row, tidx % 32)
+                b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
                 self.score_row(tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale, mma, mma_acc, sQ_layout,
                                sK_layout, tidx, Int32(0), row, row, k_off, mCuK[b + 1] - k_off)
         else:
             self.score_row(tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale, mma, mma_acc, sQ_layout,
                            sK_layout, tidx, batch, row, row, Int32(0), mKv.shape[0])
-
-    @cute.jit
-    def find_sequence(self, mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
-        """The b with cu[b] <= row < cu[b + 1] (row < cu[n_seq]): a warp-wide 32-ary search (every warp runs it)."""
-        lo = Int32(0)
-        hi = n_seq
-        while hi - lo > 1:
-            step = (hi - lo + 31) // 32
-            probe = lo + lane * step
-            v = mCu[cutlass.min(probe, hi - 1)]
-            ok = probe < hi and v <= row
-            n_ok = cute.arch.popc(cute.arch.vote_ballot_sync(ok))
-            lo = lo + (n_ok - 1) * step
-            hi = cutlass.min(lo + step, hi)
-        return lo
 
     @cute.jit
     def clear_row(self, mS: cute.Tensor, mStat: cute.Tensor, batch: Int32, row: Int32, tidx: Int32):
@@ -246,11 +232,11 @@ class SparseHeadSumSm90:
                             cute.copy(atom, src, dst)
                     cute.arch.cp_async_commit_group()
                     if g >= lag:
-                        self.publish(pipe, self.chunk_state(g - lag, True).index, lag)
+                        publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
             total = n_blk * NC
             for j in cutlass.range_constexpr(lag):                 # drain: the last `lag` chunks, oldest first
                 if total - lag + j >= 0:
-                    self.publish(pipe, self.chunk_state(total - lag + j, True).index, lag - 1 - j)
+                    publish(pipe, self.stages, self.chunk_state(total - lag + j, True).index, lag - 1 - j)
         else:
             # ---------------- consumer warpgroups (the dense core's schedule, one query)
             cute.arch.setmaxregister_increase(232)
@@ -337,12 +323,3 @@ class SparseHeadSumSm90:
         """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring."""
         n = g // self.NC
         return ring_state(self.stages, n % 2, (n // 2) * self.NC + g % self.NC, producer)
-
-    @cute.jit
-    def publish(self, pipe, index: Int32, pending: cutlass.Constexpr):
-        """Ring buffer `index`'s cp.async group retired (this thread's: at most `pending` newer groups still in
-        flight), its writes fenced for the async proxy (wgmma), then this thread's arrival on the buffer's full
-        barrier (the barrier completes when all 128 writers arrived)."""
-        cute.arch.cp_async_wait_group(pending)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        pipe.producer_commit(pipeline.PipelineState(self.stages, Int32(0), index, Int32(0)))

@@ -206,6 +206,47 @@ def sparse_attn_scores(q, kv, lse, scale, idx, *, topk_length=None, cu_q=None, c
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
+def sparse_attention(q, kv, scale, idx, *, dv=512, sink=None, topk_length=None, cu_q=None, cu_k=None,
+                     dtype=torch.float64, floor=False, chunk=32):
+    """(out [.., H, dv], lse [B,H,Sq] / [H,Tq]) of sparse MLA attention (docs/dsa.md) in dtype. floor=True: the
+    float32 implementation that rounds where the kernel must (fp32 logits and sums, P rounded to bf16 for P V, out
+    to bf16). A row with no valid slot: out 0, lse -inf."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dense = cu_q is None
+        valid, grow = slot_rows(idx, topk_length, cu_q, cu_k, None if not dense else kv.shape[1])
+        qr = q.reshape(-1, *q.shape[-2:])
+        kr = kv.reshape(-1, kv.shape[-1])
+        T, H, _ = qr.shape
+        out = torch.zeros(T, H, dv, dtype=dtype, device=q.device)
+        lse = torch.full((T, H), float("-inf"), dtype=dtype, device=q.device)
+        sk = None if sink is None else sink.to(dtype)
+        for r0 in range(0, T, chunk):
+            r1 = min(T, r0 + chunk)
+            kg = kr.to(dtype)[grow[r0:r1]]                                   # [R, K, D]
+            x = scale * torch.einsum("rhd,rkd->rhk", qr[r0:r1].to(dtype), kg)
+            vm = valid[r0:r1, None, :]
+            x = x.masked_fill(~vm, float("-inf"))
+            m = x.amax(-1, keepdim=True)
+            has = vm.any(-1, keepdim=True)
+            m = torch.where(has, m, torch.zeros_like(m))
+            p = torch.exp(x - m)                                             # 0 at invalid slots
+            l = p.sum(-1, keepdim=True)
+            den = l if sk is None else l + torch.exp(sk.view(1, H, 1) - m)
+            pv = p.to(torch.bfloat16).to(dtype) if floor else p
+            o = torch.einsum("rhk,rkd->rhd", pv, kg[..., :dv]) / den
+            o = torch.where(has, o, torch.zeros_like(o))
+            out[r0:r1] = o.to(torch.bfloat16).to(dtype) if floor else o
+            lse[r0:r1] = torch.where(has, m + torch.log(l), torch.full_like(m, float("-inf"))).squeeze(-1)
+        if dense:
+            B, Sq = idx.shape[:2]
+            return out.reshape(B, Sq, H, dv), lse.reshape(B, Sq, H).permute(0, 2, 1)
+        return out, lse.T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
 def rel_rms(x, ref):
     """||x - ref|| / ||ref|| over finite reference entries (both in float64)."""
     m = torch.isfinite(ref)

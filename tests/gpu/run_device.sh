@@ -8,7 +8,8 @@
 # PYTEST_ARGS is passed to every pytest run (e.g. "--timeout=60", pytest-timeout is on the device).
 # Knobs: RUN_DSA_DIAG=1 runs bench/dsa_attn_precision.py (DSA_PRECISION_ARGS) and bench/topk_breakdown.py;
 # GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
-# bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
+# bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; RUN_ATTN_BENCH=1 runs
+# bench/sparse_attention.py (ATTN_BENCH_ARGS); GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
 # BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
 # (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry apache-tvm-ffi
@@ -93,6 +94,16 @@ if [ "${RUN_DSA_BENCH:-0}" = "1" ] && [ -f bench/dsa_indexer.py ]; then
   ROWS+=("$(printf '%-28s rc=%-3s %4ss' bench_dsa "$rc" "$(( $(date +%s) - start ))")")
   sed -n '/^# table/,$p' "$OUT/bench_dsa.log"
   grep -E "^# cuDNN|Error|error" "$OUT/bench_dsa.log" | head -5
+fi
+
+if [ "${RUN_ATTN_BENCH:-0}" = "1" ] && [ -f bench/sparse_attention.py ]; then
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench/sparse_attention.py ${ATTN_BENCH_ARGS:-} \
+    --csv "$OUT/bench_sparse_attention.csv" > "$OUT/bench_sparse_attn.log" 2>&1
+  rc=$?
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss' bench_sparse_attn "$rc" "$(( $(date +%s) - start ))")")
+  cat "$OUT/bench_sparse_attn.log"
 fi
 
 if [ "${RUN_DSA_DIAG:-0}" = "1" ]; then

@@ -1,0 +1,98 @@
+"""Sparse MLA attention forward benchmark on the H200: ours against a torch eager gather reference in the same run
+(cuDNN frontend 1.32.0 has no sm90 sparse attention forward; FlashMLA's published sm90 figure is 640 TFLOP/s on an
+H800, not reachable here).
+
+Rows (bf16 query/kv, MQA kv, Dqk 576 / Dv 512 unless named, every index valid, random over Skv):
+  B1 Sq 4096, H 128, top-k 2048, Skv 8K / 32K / 64K (the DeepSeek-V3.2 shape); H 64 at Skv 8K; Dqk 512 at 8K.
+FLOPs = 2 * (valid indices) * H * (Dqk + Dv). Timing: bench/timing.device_time (median of CUDA-event times).
+The eager peer: per chunk of 128 rows, gather kv[idx] ([R, K, Dqk] bf16), bf16 matmuls with fp32 softmax.
+
+Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...]
+"""
+import argparse
+import csv
+import datetime
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
+from timing import device_time  # noqa: E402
+
+DEV = "cuda"
+
+
+def eager(q, kv, idx, scale, dv, chunk=128):
+    B, Sq, H, D = q.shape
+    out = torch.empty(B, Sq, H, dv, dtype=q.dtype, device=q.device)
+    for b in range(B):
+        for r0 in range(0, Sq, chunk):
+            kg = kv[b][idx[b, r0:r0 + chunk].long()]                     # [R, K, D]
+            s = torch.matmul(q[b, r0:r0 + chunk], kg.transpose(1, 2)).float() * scale
+            p = torch.softmax(s, dim=-1).to(q.dtype)
+            out[b, r0:r0 + chunk] = torch.matmul(p, kg[..., :dv])
+    return out
+
+
+def bench(Sq, Skv, K, H, D, dv, iters, notes):
+    g = torch.Generator(device=DEV).manual_seed(Sq + Skv + H)
+    q = torch.randn(1, Sq, H, D, device=DEV, generator=g).bfloat16()
+    kv = torch.randn(1, Skv, D, device=DEV, generator=g).bfloat16()
+    idx = torch.randint(0, Skv, (1, Sq, K), device=DEV, dtype=torch.int32, generator=g)
+    out = torch.empty(1, Sq, H, dv, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(1, H, Sq, device=DEV)
+    scale = D ** -0.5
+    st = torch.cuda.current_stream().cuda_stream
+    res = {}
+    for name, fn, n in (("ours", lambda: sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=scale, stream=st), iters),
+                        ("eager", lambda: eager(q, kv, idx, scale, dv), 2)):
+        try:
+            res[name], host_bound = device_time(fn, n)
+            if host_bound:
+                notes.append(f"{name}: host-bound")
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{name}: {type(e).__name__}: {e}")
+    return res, 2.0 * Sq * K * H * (D + dv)
+
+
+def main(a):
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"# sparse attention forward bench, {torch.cuda.get_device_name()}, {when}")
+    print(f"{'case':34s} {'ours ms':>8s} {'eager ms':>8s} {'ours TF':>8s} {'eager TF':>8s} {'x eager':>8s}",
+          flush=True)
+    rows = [(f"Sq4K Skv{s // 1024}K H128 k2048 576/512", (4096, s, 2048, 128, 576, 512)) for s in (8192, 32768, 65536)]
+    rows += [("Sq4K Skv8K H64 k2048 576/512", (4096, 8192, 2048, 64, 576, 512)),
+             ("Sq4K Skv8K H128 k2048 512/512", (4096, 8192, 2048, 128, 512, 512))]
+    if a.rows:
+        rows = [r for r in rows if any(s in r[0] for s in a.rows)]
+    out = []
+    for name, shape in rows:
+        notes = []
+        res, flops = bench(*shape, a.iters, notes)
+        o, e = res.get("ours"), res.get("eager")
+        f = lambda t, w=8, p=2: f"{t:{w}.{p}f}" if t is not None else " " * (w - 1) + "-"  # noqa: E731
+        print(f"{name:34s} {f(o and o * 1e3)} {f(e and e * 1e3)} {f(o and flops / o / 1e12, p=0)} "
+              f"{f(e and flops / e / 1e12, p=0)} {f(o and e and e / o)}", flush=True)
+        for n in notes:
+            print(f"    note: {n}", flush=True)
+        for impl, t in res.items():
+            out.append({"case": name, "impl": impl, "ms": round(t * 1e3, 4), "tflops": round(flops / t / 1e12, 1)})
+        torch.cuda.empty_cache()
+    if a.csv:
+        with open(a.csv, "w", newline="") as fh:
+            wr = csv.DictWriter(fh, fieldnames=("case", "impl", "ms", "tflops"))
+            wr.writeheader()
+            wr.writerows(out)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--csv", default=None)
+    p.add_argument("--rows", nargs="*", default=None)
+    main(p.parse_args())

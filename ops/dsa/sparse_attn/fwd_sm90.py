@@ -1,0 +1,395 @@
+"""Sparse MLA attention forward for Hopper (sm_90a), CuTe DSL: MQA over each query row's own top-k key rows.
+
+Math (query row t, heads h, valid slots j of the row: 0 <= idx[t, j] < Skv of its sequence, j < topk_length[t];
+kv row k_j = kv[idx[t, j]], K = k_j[:Dqk], V = k_j[:Dv]; c = softmax_scale * log2 e):
+
+    x[h, j] = c * q[t, h] . k_j            fp32 wgmma accumulator of bf16 products, scaled once in fp32
+    m[h]    = max_j x[h, j] (running, over both halves of every block: the two consumers share it)
+    P[h, j] = 2^(x[h, j] - m~[h]),  m~ = 0 while m = -inf (no -inf - -inf)    invalid slot: x = -inf, P = 0
+    l[h]    = sum_j P (fp32, unrounded),  O[h] = sum_j bf16(P[h, j]) V_j       (online: rescaled by 2^(m_old - m~))
+    out[h]  = O[h] / (l[h] + 2^min(sink[h] log2 e - m[h], 126))     (no sink: / l[h])
+    lse[h]  = ln 2 (m[h] + log2 l[h])      natural log, sink not included
+A row with no valid slot (l = 0): out 0, lse -inf. A NaN in q, a gathered kv row or the sink reaches the outputs it
+influences (l = NaN is not l = 0). An invalid slot's key row is never loaded: the producer zero-fills its shared-
+memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), and its logit is replaced by a select.
+
+Tiling. One CTA = one query row and one group of 64 heads (grid y = H / 64; 128 heads = two CTAs that gather the
+same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
+blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks into one of two block slots; a
+chunk is two 32-key halves (32 x 64, 4 KiB each) with one full and one empty mbarrier. 3 warpgroups:
+  - warpgroup 0 (producer, 40 registers): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the
+    block's rows with cp.async (indices loaded one block ahead), zero-fill the pieces of invalid slots, and publish
+    chunk g once its group retired, LAG chunks later (gather_sm90.publish: wait_group, proxy fence, arrive; all 128
+    writers arrive on the chunk's full barrier). Every block ends with all its chunks published before the next
+    block's first acquire (so the producer never waits on a slot while holding chunks the consumers need).
+  - warpgroups 1 and 2 (consumers w = 0, 1): per block, S_w = Q K_w^T over the w-th 32-key half (wgmma m64 n32 k16,
+    B = the chunk halves, K-major), scale and mask; the row max of both halves is exchanged through sRed (named
+    barrier MAX_BAR); P (bf16) of both halves goes to sP (64 heads x 64 keys), fenced for the async proxy and
+    ordered by named barrier P_BAR (every writer of sP arrives); then O_w += P V over Dv columns
+    [256 w, 256 w + 256) (4 accumulators of 64 x 64, wgmma m64 n64 k16, A = sP, B = the chunk halves read as V,
+    MN-major: the same bytes as the K view); wait, release the block's chunks (256 consumer arrivals).
+    Row sums l_w stay per consumer and are added through sRed at the end (named barrier SUM_BAR).
+Shared-memory handoffs: sRed (row max) written by one lane per quad of each consumer, read by the other consumer
+after MAX_BAR; rewritten only after P_BAR (which the reader passes after its read). sP written by all 256 consumer
+threads (generic stores, then fence.proxy.async) and read by wgmma after P_BAR; rewritten only after the next
+MAX_BAR, which each consumer reaches after its P V wgmmas retired (wait_group 0). kv chunks: cp.async / zero stores
+ordered by the full mbarrier (128 arrivals), reused after the empty mbarrier (256 arrivals, after wait_group 0).
+Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB (Dqk 576: 224.5 KiB of 227).
+
+Layouts. Dense: q [B,Sq,H,Dqk], kv [B,Skv,Dqk], idx int32 [B,Sq,K], topk_length int32 [B,Sq], sink fp32 [H],
+out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [Tq,K] (local to the row's sequence),
+topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
+search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
+
+Status: new (2026-12-03); CPU: compiles for sm_90a.
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ...common.gather_sm90 import find_sequence, publish
+from ...common.softmax import acc_mn_view, quad_max, quad_sum, rescale_rows, softmax_state
+
+LN2 = math.log(2.0)
+LOG2E = math.log2(math.e)
+HG = 64              # heads per CTA (one wgmma M)
+BK = 64              # key slots per block
+HALF = 32            # key slots per consumer per block (its S tile's N)
+DC = 64              # kv columns per chunk (one 128-byte swizzle atom)
+NUM_THREADS = 384
+PIECE = 8            # bf16 elements per 16-byte cp.async
+LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published
+MAX_BAR, P_BAR, SUM_BAR = 3, 4, 5
+SINK_EXP_MAX = 126.0
+
+
+class SparseAttnFwdSm90:
+    """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
+
+    def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
+        assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
+        self.D, self.Dv, self.H = head_dim, v_head_dim, heads
+        self.NC = head_dim // DC
+        self.stages = 2 * self.NC                 # pipeline stages: 2 block slots x NC chunks
+        self.varlen, self.has_length, self.has_sink = varlen, has_length, has_sink
+        self.dt = cutlass.BFloat16
+        self.pieces = BK * DC // PIECE // 128     # cp.async pieces per producer thread per chunk (4)
+        self.o_chunks = v_head_dim // DC // 2     # 64-column output accumulators per consumer (4)
+
+    # ------------------------------------------------------------------------------------------ host (jit)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mSink: cute.Tensor,
+                 mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32,
+                 stream):
+        D, H, dt = self.D, self.H, self.dt
+        if cutlass.const_expr(self.varlen):
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
+            kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[0], D, 1), stride=(mKv.stride[0], 1, 0)))
+            grid = (mQ.shape[0], H // HG, 1)
+        else:
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
+                                                                 stride=(mQ.stride[2], 1, mQ.stride[0])))
+            kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[1], D, mKv.shape[0]),
+                                                                   stride=(mKv.stride[1], 1, mKv.stride[0])))
+            grid = (mQ.shape[1], H // HG, mQ.shape[0])
+        K, MN = OperandMajorMode.K, OperandMajorMode.MN
+        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, HALF))
+        qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, HALF))
+        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), tiler_mn=(HG, DC))
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, HALF, D), dt, 1)
+        # one chunk half (32 keys x 64 columns, 128-byte rows) seen two ways over the same bytes:
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, HALF, DC), dt, 2 * self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (HG, DC, HALF), dt, 2 * self.stages)
+        sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, DC, BK), dt, 1)
+        tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
+                                                cute.slice_(sQ_layout, (None, None, 0)), (HG, D))
+        self.q_bytes = HG * D * dt.width // 8
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            sRed: cute.struct.MemRange[Float32, 2 * HG]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_q, tQ, kv_v, mIdx, mLen, mSink, mO, mLSE, mCuQ, mCuK, scale_log2, qk_mma, qk_mma_acc, pv_mma,
+                    sQ_layout, sK_layout, sV_layout, sP_layout).launch(
+            grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+               mSink: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+               scale_log2: Float32, qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               sP_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, grp, batch = cute.arch.block_idx()
+        args = (tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2, qk_mma, qk_mma_acc, pv_mma, sQ_layout,
+                sK_layout, sV_layout, sP_layout, tidx, grp)
+        if cutlass.const_expr(self.varlen):
+            n_seq = mCuQ.shape[0] - 1
+            if row >= mCuQ[n_seq]:
+                self.clear_row(mO, mLSE, row, grp, tidx)
+            else:
+                b = find_sequence(mCuQ, n_seq, row, tidx % 32)
+                k_off = mCuK[b]
+                self.attend(*args, Int32(0), row, k_off, mCuK[b + 1] - k_off)
+        else:
+            self.attend(*args, batch, row, Int32(0), mKv.shape[0])
+
+    # ---- addressing (dense: batch, row; THD: the flat row)
+    def q_row(self, row, grp):
+        return row * (self.H // HG) + grp
+
+    def idx_coord(self, batch, row, j):
+        return (row, j) if cutlass.const_expr(self.varlen) else (batch, row, j)
+
+    def row_coord(self, batch, row):
+        return row if cutlass.const_expr(self.varlen) else (batch, row)
+
+    def out_coord(self, batch, row, h, c):
+        return (row, h, c) if cutlass.const_expr(self.varlen) else (batch, row, h, c)
+
+    def lse_coord(self, batch, row, h):
+        return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
+
+    @cute.jit
+    def clear_row(self, mO: cute.Tensor, mLSE: cute.Tensor, row: Int32, grp: Int32, tidx: Int32):
+        """A THD row at or past cu_seqlens_q[-1]: out 0 and lse -inf for this CTA's heads."""
+        h0 = grp * HG
+        for i in cutlass.range(tidx, HG * self.Dv, NUM_THREADS, unroll=1):
+            mO[row, h0 + i // self.Dv, i % self.Dv] = self.dt(0.0)
+        if tidx < HG:
+            mLSE[h0 + tidx, row] = -Float32.inf
+
+    @cute.jit
+    def slot_valid(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
+        valid = j < row_len
+        if valid:
+            kidx = mIdx[self.idx_coord(batch, row, j)]
+            valid = kidx >= 0 and kidx < seqlen_k
+        return valid
+
+    def state(self, n, c, producer):
+        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block."""
+        lap = (n // 2) % 2
+        return pipeline.PipelineState(self.stages, n * self.NC + c, (n % 2) * self.NC + c,
+                                      lap ^ 1 if producer else lap)
+
+    @cute.jit
+    def attend(self, tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2: Float32, qk_mma: cute.TiledMma,
+               qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, sP_layout,
+               tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32):
+        D, NC, dt = self.D, self.NC, self.dt
+        n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
+        row_len = n_slots
+        if cutlass.const_expr(self.has_length):
+            row_len = cutlass.max(cutlass.min(n_slots, mLen[self.row_coord(batch, row)]), Int32(0))
+        n_blk = (row_len + BK - 1) // BK
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sKV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+        sRed = storage.sRed.get_tensor(cute.make_layout((2, HG), stride=(HG, 1)))
+        sQ2 = sQ[None, None, 0]
+        sP2 = sP[None, None, 0]
+        q_bar = storage.mbar_q.data_ptr()
+        gQ = cute.local_tile(tQ[None, None, batch], (HG, D), (self.q_row(row, grp), 0))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        pipe = pipeline.PipelineAsync.create(barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
+                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256),
+                                             defer_sync=True)
+        if tidx == 0:
+            cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if wg == 0:
+            # ---------------- producer warpgroup: Q by TMA (warp 0), kv rows by cp.async (all 128 threads)
+            cute.arch.setmaxregister_decrease(40)
+            if warp == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
+                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
+        else:
+            cute.arch.setmaxregister_increase(232)
+            self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2, qk_mma, qk_mma_acc,
+                         pv_mma, tidx - 128, wg - 1, grp, batch, row, row_len, n_blk, seqlen_k)
+
+    @cute.jit
+    def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
+                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
+        """Gather block n's kv rows chunk by chunk: piece p of a chunk = key row (tidx + 128 p) // 8 of the block
+        (half = row // 32), 16 bytes at column (tidx % 8) * 8 of the chunk. Invalid slots: zeros."""
+        NC, per_row = self.NC, DC // PIECE
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+        zero = cute.make_rmem_tensor((PIECE,), self.dt)
+        zero.fill(0.0)
+        gKv = mKv[None, None, batch]
+        raw = cute.make_rmem_tensor((self.pieces,), Int32)      # next block's idx (loads in flight)
+        rows = cute.make_rmem_tensor((self.pieces,), Int32)     # this block's gather rows (-1: zero-fill)
+        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
+        for n in cutlass.range(n_blk, unroll=1):
+            for p in cutlass.range_constexpr(self.pieces):
+                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
+            for c in cutlass.range_constexpr(NC):
+                st = self.state(n, c, True)
+                pipe.producer_acquire(st)
+                for p in cutlass.range_constexpr(self.pieces):
+                    r = (tidx + 128 * p) // per_row
+                    stage = 2 * st.index + r // HALF
+                    dst = cute.local_tile(sK[r % HALF, None, stage], (PIECE,), (tidx % per_row,))
+                    if rows[p] >= 0:
+                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
+                        cute.copy(atom, src, dst)
+                    else:
+                        cute.autovec_copy(zero, dst)
+                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(c >= LAG):
+                    publish(pipe, self.stages, self.state(n, c - LAG, True).index, LAG)
+            for j in cutlass.range_constexpr(LAG):              # the block's last LAG chunks, oldest first
+                publish(pipe, self.stages, self.state(n, NC - LAG + j, True).index, LAG - 1 - j)
+
+    @cute.jit
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
+        """raw[p] = idx of the slot piece p of block n gathers, -1 past the row's slots."""
+        for p in cutlass.range_constexpr(self.pieces):
+            j = n * BK + (tidx + 128 * p) // (DC // PIECE)
+            v = Int32(-1)
+            if j < row_len:
+                v = mIdx[self.idx_coord(batch, row, j)]
+            raw[p] = v
+
+    @cute.jit
+    def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2: Float32,
+                qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, ctid: Int32, w: Int32,
+                grp: Int32, batch: Int32, row: Int32, row_len: Int32, n_blk: Int32, seqlen_k: Int32):
+        NC, OC = self.NC, self.o_chunks
+        quad = ctid % 4
+        thr_qk = qk_mma.get_slice(ctid % 128)
+        thr_pv = pv_mma.get_slice(ctid % 128)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ2))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP2))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        s_id = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((HG, HALF))))
+        o_id = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((HG, DC))))
+        qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+        qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        acc_o = [thr_pv.make_fragment_C(thr_pv.partition_shape_C((HG, DC))) for _ in range(OC)]
+        for i in cutlass.range_constexpr(OC):
+            acc_o[i].fill(0.0)
+        row_max, row_sum = softmax_state(2)
+        corr = cute.make_rmem_tensor((2,), Float32)
+        n_cols = cute.size(s_id, mode=[1])
+        valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
+        kpc = DC // 16
+
+        cute.arch.mbarrier_wait(q_bar, 0)
+        for n in cutlass.range(n_blk, unroll=1):
+            for ci in cutlass.range_constexpr(n_cols):       # this thread's slots (plain loads, before the waits)
+                valid[ci] = self.slot_valid(mIdx, batch, row, n * BK + w * HALF + s_id[0, ci][1], row_len, seqlen_k)
+            acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, HALF)))
+            for c in cutlass.range_constexpr(NC):
+                st = self.state(n, c, False)
+                pipe.consumer_wait(st)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(kpc):
+                    cute.gemm(qk_mma if c == 0 and kb == 0 else qk_mma_acc, acc_s, tSrQ[None, None, c * kpc + kb],
+                              tSrK[None, None, kb, 2 * st.index + w], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            # ---- scale, mask, block max over both consumers' halves
+            s_mn = acc_mn_view(acc_s)
+            for r in cutlass.range_constexpr(2):
+                m_loc = -Float32.inf
+                for ci in cutlass.range_constexpr(n_cols):
+                    x = Float32(cutlass.select_(valid[ci], s_mn[r, ci] * scale_log2, -Float32.inf))
+                    s_mn[r, ci] = x
+                    m_loc = cute.arch.fmax(m_loc, x)
+                corr[r] = quad_max(m_loc)
+                if quad == 0:
+                    sRed[w, s_id[r, 0][0]] = corr[r]
+            pipeline.NamedBarrier(barrier_id=MAX_BAR, num_threads=256).arrive_and_wait()
+            for r in cutlass.range_constexpr(2):
+                m_blk = cute.arch.fmax(corr[r], sRed[1 - w, s_id[r, 0][0]])
+                m_old = row_max[r]
+                m_new = cute.arch.fmax(m_old, m_blk)
+                m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
+                corr[r] = cute.math.exp2(m_old - m_use, fastmath=True)
+                row_max[r] = m_new
+                part = Float32(0.0)
+                for ci in cutlass.range_constexpr(n_cols):
+                    p = cute.math.exp2(s_mn[r, ci] - m_use, fastmath=True)
+                    part = part + p
+                    sP2[s_id[r, ci][0], w * HALF + s_id[r, ci][1]] = self.dt(p)
+                row_sum[r] = row_sum[r] * corr[r] + part
+            cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
+            pipeline.NamedBarrier(barrier_id=P_BAR, num_threads=256).arrive_and_wait()   # every writer of sP
+            for i in cutlass.range_constexpr(OC):
+                rescale_rows(acc_mn_view(acc_o[i]), corr)
+            warpgroup.fence()
+            for i in cutlass.range_constexpr(OC):
+                chunk = w * OC + i
+                for kb in cutlass.range_constexpr(BK // 16):
+                    stage = 2 * ((n % 2) * NC + chunk) + kb // 2
+                    cute.gemm(pv_mma, acc_o[i], tOrP[None, None, kb], tOrV[None, None, kb % 2, stage], acc_o[i])
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for c in cutlass.range_constexpr(NC):
+                pipe.consumer_release(self.state(n, c, False))
+
+        # ---- epilogue: l of both consumers, sink, normalise, store
+        for r in cutlass.range_constexpr(2):
+            l_part = quad_sum(row_sum[r])
+            if quad == 0:
+                sRed[w, s_id[r, 0][0]] = l_part
+        pipeline.NamedBarrier(barrier_id=SUM_BAR, num_threads=256).arrive_and_wait()
+        h0 = grp * HG
+        inv = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            h = s_id[r, 0][0]
+            l = sRed[0, h] + sRed[1, h]
+            m = row_max[r]
+            dead = l == Float32(0.0)                 # no valid slot (a NaN l is not dead: it reaches out and lse)
+            den = l
+            if cutlass.const_expr(self.has_sink):
+                arg = mSink[h0 + h] * Float32(LOG2E) - m
+                arg = Float32(cutlass.select_(arg > Float32(SINK_EXP_MAX), Float32(SINK_EXP_MAX), arg))   # keeps NaN
+                den = l + cute.math.exp2(arg, fastmath=False)
+            den_safe = Float32(cutlass.select_(dead, Float32(1.0), den))
+            inv[r] = Float32(cutlass.select_(dead, Float32(0.0), Float32(1.0) / den_safe))
+            l_safe = Float32(cutlass.select_(dead, Float32(1.0), l))
+            lse = (m + cute.math.log2(l_safe, fastmath=False)) * Float32(LN2)
+            if w == 0:
+                if quad == 0:
+                    mLSE[self.lse_coord(batch, row, h0 + h)] = Float32(cutlass.select_(dead, -Float32.inf, lse))
+        for i in cutlass.range_constexpr(OC):
+            o_mn = acc_mn_view(acc_o[i])
+            col0 = (w * OC + i) * DC
+            for r in cutlass.range_constexpr(2):
+                for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    mO[self.out_coord(batch, row, h0 + o_id[r, ci][0], col0 + o_id[r, ci][1])] = \
+                        self.dt(o_mn[r, ci] * inv[r])
