@@ -4,7 +4,8 @@ Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shr
 W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 finite columns, the rest -inf, as the
 indexer writes them). With --ncu, run only the first row once (for `ncu --launch-count 1`).
 
-With --reg-sort, every row is timed again with TopkSm90.REG_SORT (the register / shuffle bitonic sort).
+Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
+again with the shared-memory sort (REG_SORT False) for comparison.
 
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
 """
@@ -39,13 +40,13 @@ def main(a):
         torch.cuda.synchronize()
         return
     from ops.dsa.topk import fwd, topk_sm90
-    for reg in ([False, True] if a.reg_sort else [False]):
+    for reg in ([True, False] if a.reg_sort else [True]):
         topk_sm90.TopkSm90.REG_SORT = reg
         fwd._CACHE.clear()
         for name, s, k in cases:
             out = torch.empty(R, k, dtype=torch.int32, device="cuda")
             t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-            tag = " (REG_SORT)" if reg else ""
+            tag = "" if reg else " (smem sort)"
             print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 

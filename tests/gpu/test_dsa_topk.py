@@ -127,12 +127,14 @@ def test_cuda_graph_capture():
     assert torch.equal(out, reference(s, 512))
 
 
+@pytest.mark.parametrize("reg_sort", [True, False])
 @pytest.mark.parametrize("k", [300, 1000, 2048])
-def test_register_sort(monkeypatch, k):
-    """TopkSm90.REG_SORT (the bitonic network in registers / shuffles, shared memory only for partners 32 E apart;
-    off by default until this passes on the H200): same indices as the stable sort, with ties and padding."""
+def test_sort_paths(monkeypatch, k, reg_sort):
+    """Both sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
+    registers / shuffles, shared memory only for partners 32 E apart) and the shared-memory network (REG_SORT
+    False): same indices as the stable sort, with ties and padding."""
     from ops.dsa.topk import fwd, topk_sm90
-    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", True)
+    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", reg_sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
     torch.manual_seed(k)
     check(torch.randn(16, 32768, device=DEV), k)
