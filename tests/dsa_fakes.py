@@ -15,6 +15,7 @@ from paddle_dsa.kernels import dsa as seam
 from paddle_dsa.reference.dsa import _common as C
 from paddle_dsa.reference.dsa import attn_score as ref_attn
 from paddle_dsa.reference.dsa import indexer as ref_index
+from paddle_dsa.reference.dsa import sparse_attention as ref_sparse
 from paddle_dsa.reference.dsa import topk as ref_topk
 
 from dlpack_io import read, write
@@ -23,7 +24,8 @@ STREAM = 4321
 SEAMS = {"indexer": ("indexer/fwd.py", "indexer_fwd"), "topk": ("topk/fwd.py", "topk_fwd"),
          "sparse_indexer": ("indexer/sparse.py", "sparse_indexer_fwd"),
          "attn_score": ("attn_score/dense.py", "dense_attn_score_fwd"),
-         "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd")}
+         "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd"),
+         "sparse_attention": ("sparse_attn/fwd.py", "sparse_attn_fwd")}
 
 
 def _layout(q, k, q_offsets, cq, ck, width=None):
@@ -47,6 +49,13 @@ def _lse_rows(lse, thd):
         return lse.transpose([1, 0])
     b, h, sq = lse.shape
     return lse.transpose([0, 2, 1]).reshape([b * sq, h])
+
+
+def _lse_public(lse, thd, lead):
+    """[Tq, H] rows -> softmax_lse as the public API returns it: [H, Tq] (THD) or [B, H, Sq] (lead = (B, Sq))."""
+    if thd:
+        return lse.transpose([1, 0])
+    return lse.reshape(list(lead) + [lse.shape[-1]]).transpose([0, 2, 1])
 
 
 def _put(dst, src):
@@ -130,6 +139,21 @@ class FakeKernels:
         a, l1 = ref_attn.sparse(_rows(q, thd), _rows(k, thd), _lse_rows(lse, thd), softmax_scale, gidx, valid)
         _put(scores, a)
         _put(l1norm, l1)
+
+    def sparse_attn_fwd(self, query, kv, topk_indices, out, softmax_lse, *, softmax_scale, attn_sink=None,
+                        topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+        q, k, sink = read(query), read(kv), read(attn_sink)
+        assert q.dtype == k.dtype == read(out).dtype == paddle.bfloat16 and read(softmax_lse).dtype == paddle.float32
+        assert sink is None or sink.dtype == paddle.float32, "the seam takes a float32 attn_sink"
+        thd, gidx, valid = self._slots("sparse_attention", q, k, topk_indices, topk_length, cu_seqlens_q,
+                                       cu_seqlens_k, stream)
+        self.calls[-1] += (sink is not None, topk_length is not None)
+        o, lse = ref_sparse.forward(_rows(q, thd), _rows(k, thd), gidx, valid, softmax_scale, read(out).shape[-1],
+                                    sink)
+        lse = _lse_public(lse, thd, q.shape[:2])
+        assert read(out).shape == q.shape[:-1] + [o.shape[-1]] and read(softmax_lse).shape == lse.shape, "shapes"
+        write(out, o.reshape(read(out).shape))          # float32 -> bfloat16, as the reference path casts
+        write(softmax_lse, lse)
 
 
 def poisoned_empty(shape, dtype):

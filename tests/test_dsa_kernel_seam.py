@@ -90,7 +90,7 @@ def test_seam_signatures_match_ops_modules():
         assert [a.arg for a in node.args.args] == fake_pos, fn
         assert {a.arg for a in node.args.kwonlyargs} == fake_kw, fn
         checked += 1
-    assert checked == len(SEAMS)        # all five exist at this commit
+    assert checked == len(SEAMS)        # all six exist at this commit
 
 
 @pytest.mark.parametrize("causal,ratio,offs", [(True, 1, None), (True, 4, [0, 50]), (False, 1, None)])
@@ -192,6 +192,82 @@ def test_sparse_attn_score(rng, fake, monkeypatch, thd):
     same(l1, rl)
 
 
+def _sparse_attention_case(rng, thd, extras):
+    """(query, kv, topk_indices, kwargs) of sparse_attention within the GPU table: out-of-range and -1 slots, a row
+    with no valid slot. THD: an empty query segment, rows 12-13 past cu_seqlens_q[-1], key 20 past cu_seqlens_k[-1];
+    BSHD: H 128, Dqk 512."""
+    if thd:
+        q, kv, _ = attn_inputs(rng, (14,), (21,))
+        idx = rng.integers(-1, 12, (14, 16))
+        idx[1] = 6                  # sequence 0 has 6 keys: all out of range
+        kw = dict(cu_seqlens_q=i32([0, 4, 4, 12]), cu_seqlens_k=i32([0, 6, 9, 20]))
+        rows, h = (14,), 64
+    else:
+        q, kv, _ = attn_inputs(rng, (2, 5), (2, 30), 128, 512)
+        idx = rng.integers(-1, 33, (2, 5, 16))
+        idx[1, 2] = -1
+        kw = dict(softmax_scale=0.05)
+        rows, h = (2, 5), 128
+    idx = i32(idx)
+    if extras:      # a float64 sink: the seam gets it as float32, the reference path computes in float32 too
+        kw.update(topk_length=i32(rng.integers(-1, 20, rows)), attn_sink=f32(rng, [h], "float64"))
+    for t in (q, kv) + ((kw["attn_sink"],) if extras else ()):
+        t.stop_gradient = False
+    return q, kv, idx, kw
+
+
+def _sparse_attention_run(q, kv, idx, kw, dout, dlse):
+    """Forward (out, softmax_lse) and the gradients to query, kv (and attn_sink) of upstream (dout, dlse)."""
+    for t in (q, kv, kw.get("attn_sink")):
+        if t is not None:
+            t.clear_gradient()
+    out, lse = P.sparse_attention(q, kv, idx, return_softmax_lse=True, **kw)
+    paddle.autograd.backward([out, lse], [dout, dlse])
+    grads = [t.grad.clone() for t in (q, kv, kw.get("attn_sink")) if t is not None]
+    return [out, lse] + grads
+
+
+@pytest.mark.parametrize("thd", [False, True])
+@pytest.mark.parametrize("extras", [False, True], ids=["plain", "topk_length+sink"])
+def test_sparse_attention(rng, fake, monkeypatch, thd, extras):
+    """The forward on the kernel route (routed here, as install() does), the backward on the reference path: out,
+    softmax_lse and the gradients to query, kv, attn_sink equal the reference path's bit for bit."""
+    q, kv, idx, kw = _sparse_attention_case(rng, thd, extras)
+    out0, lse0 = P.sparse_attention(q, kv, idx, return_softmax_lse=True, **kw)
+    assert fake.calls == [("sparse_attention", STREAM, extras, extras)]
+    dout, dlse = bf16(rng, out0.shape), f32(rng, lse0.shape)
+    got = _sparse_attention_run(q, kv, idx, kw, dout, dlse)
+    assert got[0].dtype == paddle.bfloat16 and got[1].dtype == paddle.float32
+
+    def out_only():     # only the gradient of out: dlse is None in the backward (return_softmax_lse off)
+        q.clear_gradient()
+        P.sparse_attention(q, kv, idx, **kw).astype("float32").sum().backward()
+        return q.grad.astype("float32").numpy()
+    g1 = out_only()
+    assert len(fake.calls) == 3
+    want = reference(monkeypatch, _sparse_attention_run, q, kv, idx, kw, dout, dlse)
+    assert len(got) == len(want) == (5 if extras else 4)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and list(g.shape) == list(w.shape)
+        gn, wn = g.astype("float32").numpy(), w.astype("float32").numpy()
+        assert not np.isnan(gn).any(), "NaN: an element the kernel did not write, or a copied buffer"
+        np.testing.assert_array_equal(gn, wn)
+    assert np.isneginf(got[1].numpy()).any() and (got[2].astype("float32").numpy() != 0).any()
+    np.testing.assert_array_equal(g1, reference(monkeypatch, out_only))
+
+
+def test_sparse_attention_kernel_route_guards_its_slot_tensors(rng, fake):
+    """The kernel route builds the backward's slot table from topk_indices / topk_length / cu_seqlens in the
+    backward: an in-place change to one of them after the forward raises instead of giving wrong gradients."""
+    q, kv, idx, kw = _sparse_attention_case(rng, True, True)
+    for name, t in (("topk_indices", idx), ("topk_length", kw["topk_length"]), ("cu_seqlens_k", kw["cu_seqlens_k"])):
+        out = P.sparse_attention(q, kv, idx, **kw)
+        t.add_(paddle.zeros_like(t))        # same values, a new inplace version
+        # Paddle may re-raise an error from a PyLayer backward wrapped (OSError on 3.3)
+        with pytest.raises((RuntimeError, OSError), match=f"sparse_attention: `{name}`, saved for the backward"):
+            out.astype("float32").sum().backward()
+
+
 def _empty_cases(rng):
     """(op, args, kwargs, expected fills) of problems with an empty axis, within the GPU table."""
     thd = lambda cq, ck, **kw: dict(cu_seqlens_q=i32(cq), cu_seqlens_k=i32(ck), **kw)  # noqa: E731
@@ -212,6 +288,12 @@ def _empty_cases(rng):
         (P.sparse_indexer_score_recompute, ind(3, 0) + (idx((3,), 4),), thd([0, 3], [0, 0]), (-np.inf, 0)),
         (P.sparse_attn_score_recompute, attn_inputs(rng, (1, 2), (1, 3)) + (idx((1, 2), 0),), {}, (0, 0)),
         (P.sparse_attn_score_recompute, att(2, 0) + (idx((2,), 4),), thd([0, 2], [0, 0]), (0, 0)),
+        (P.sparse_attention, attn_inputs(rng, (1, 2), (1, 3))[:2] + (idx((1, 2), 0),),
+         dict(return_softmax_lse=True), (0, -np.inf)),                                  # no top-k slot
+        (P.sparse_attention, att(2, 3)[:2] + (idx((2,), 0),), thd([0, 2], [0, 3], return_softmax_lse=True),
+         (0, -np.inf)),
+        (P.sparse_attention, att(2, 0)[:2] + (idx((2,), 4),), thd([0, 2], [0, 0], return_softmax_lse=True),
+         (0, -np.inf)),                                                                  # no key
     ]
 
 
@@ -234,12 +316,16 @@ def test_empty_problems_never_reach_a_kernel(rng, fake, monkeypatch):
 
 def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     """max_seqlen_q / max_seqlen_k given and check_cu_seqlens_values off: no host read of cu_seqlens (nor of
-    q_offsets) on the kernel path, so the call is CUDA-graph capturable; the results equal the reference path's."""
+    q_offsets, top-k indices or lengths) on the kernel path, so the call is CUDA-graph capturable; the results equal
+    the reference path's. sparse_attention: its forward (the backward reads cu_seqlens: test_sparse_attention)."""
     cu_q, cu_k, off = i32([0, 3, 3, 9]), i32([0, 7, 10, 16]), i32([2, 0, 5])
     iq, ik, w = bf16(rng, [11, 32, 64]), bf16(rng, [17, 64]), f32(rng, [11, 32])
     q, kv, lse = attn_inputs(rng, (11,), (17,))
     idx, tl = i32(rng.integers(-1, 9, (11, 8))), i32(rng.integers(0, 9, (11,)))
     biq, bik, bw = bf16(rng, [2, 5, 16, 64]), bf16(rng, [2, 6, 64]), f32(rng, [2, 5, 16])
+    sink = f32(rng, [64])
+    bq, bkv, _ = attn_inputs(rng, (2, 3), (2, 7), 128, 512)
+    bidx = i32(rng.integers(-1, 9, (2, 3, 8)))
     thd = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     mx = dict(thd, max_seqlen_q=6, max_seqlen_k=8)
     calls = [(P.indexer_score, (iq, ik, w), dict(mx, ratio=2, q_offsets=off)),
@@ -247,7 +333,10 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
              (P.dense_attn_score_recompute, (q, kv, lse), dict(mx, q_offsets=off)),
              (P.sparse_indexer_score_recompute, (iq, ik, w, idx), dict(thd, topk_length=tl)),
              (P.sparse_attn_score_recompute, (q, kv, lse, idx), dict(thd, topk_length=tl)),
-             (P.indexer_score, (biq, bik, bw), dict(ratio=3, q_offsets=i32([1, 4])))]
+             (P.indexer_score, (biq, bik, bw), dict(ratio=3, q_offsets=i32([1, 4]))),
+             (P.sparse_attention, (q, kv, idx), dict(thd, topk_length=tl, attn_sink=sink, return_softmax_lse=True)),
+             (P.sparse_attention, (q, kv, idx), dict(thd, return_softmax_lse=True)),
+             (P.sparse_attention, (bq, bkv, bidx), dict(topk_length=i32(rng.integers(0, 9, (2, 3))), v_head_dim=512))]
 
     def host_read(*_):
         raise AssertionError("a host read on the kernel path")
@@ -258,7 +347,7 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     with no_warnings():
         got = [fn(*a, **kw) for fn, a, kw in calls]
     assert [c[0] for c in fake.calls] == ["indexer", "indexer", "attn_score", "sparse_indexer", "sparse_attn_score",
-                                          "indexer"]
+                                          "indexer"] + ["sparse_attention"] * 3
     assert list(got[0].shape) == [11, 8] and list(got[2][0].shape) == [11, 8]      # width: max_seqlen_k
     monkeypatch.setattr(PORT, "to_numpy", saved[0])
     monkeypatch.setattr(_dsa_inputs, "host_ints", saved[1])
@@ -326,17 +415,30 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     """A seam left out of kernels/dsa.py ROUTED (here the attention-score recomputes, taken out) and the ops with no
     kernel run the reference path with a warning saying why, even with every module present; as shipped, every
-    seam is routed."""
-    assert seam.ROUTED == set(seam._NAMES)
+    seam but sparse_attention's (its H200 run is pending) is routed, so sparse_attention stays on the reference path
+    with the 'not routed yet' warning, its results those of the CPU reference path."""
+    assert seam.ROUTED == set(seam._NAMES) - {"sparse_attention"}
     kernels = install(monkeypatch, routed=False)
-    monkeypatch.setattr(seam, "ROUTED", frozenset({"indexer", "topk", "sparse_indexer"}))
-    monkeypatch.setattr(_dsa_inputs, "_warned", set())
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))
     idx = i32(rng.integers(-1, 5, (1, 4, 3)))
+    sink = f32(rng, [64])
+    monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    with pytest.warns(UserWarning, match="sparse_attention: the paddle_dsa.ops.dsa.sparse_attn.fwd kernel is not "
+                                         "routed yet.*reference path on the GPU"):
+        out, slse = P.sparse_attention(q, kv, idx, attn_sink=sink, return_softmax_lse=True)
+    assert kernels.calls == []
+    monkeypatch.setattr(PORT, "is_gpu", lambda t: False)
+    want = P.sparse_attention(q, kv, idx, attn_sink=sink, return_softmax_lse=True)
+    monkeypatch.setattr(PORT, "is_gpu", lambda t: True)
+    same(out, want[0])
+    np.testing.assert_array_equal(slse.numpy(), want[1].numpy())     # -inf for the rows with no valid slot
+    monkeypatch.setattr(seam, "ROUTED", frozenset({"indexer", "topk", "sparse_indexer"}))
+    monkeypatch.setattr(_dsa_inputs, "_warned", set())
     with pytest.warns(UserWarning, match="ops.dsa.attn_score.dense kernel is not routed yet.*reference path"):
         a, _ = P.dense_attn_score_recompute(q, kv, lse)
     with pytest.warns(UserWarning, match="ops.dsa.attn_score.sparse kernel is not routed yet"):
         P.sparse_attn_score_recompute(q, kv, lse, idx)
-    with pytest.warns(UserWarning, match="sparse_attention: no GPU kernel exists for this op yet"):
-        P.sparse_attention(q, kv, idx)
+    iq, ik, w = bf16(rng, [1, 4, 16, 64]), bf16(rng, [1, 5, 64]), f32(rng, [1, 4, 16])
+    with pytest.warns(UserWarning, match="indexer_kl_loss: no GPU kernel exists for this op yet"):
+        P.indexer_kl_loss(iq, ik, w, q, kv, lse, topk_indices=idx)
     assert kernels.calls == [] and list(a.shape) == [1, 4, 5]

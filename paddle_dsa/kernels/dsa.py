@@ -2,7 +2,8 @@
 
 One thin function per ops.dsa seam: indexer_scores (ops.dsa.indexer.fwd: indexer_score, dense_indexer_score_
 recompute), topk (ops.dsa.topk.fwd), sparse_indexer_scores (ops.dsa.indexer.sparse), dense_attn_scores
-(ops.dsa.attn_score.dense) and sparse_attn_scores (ops.dsa.attn_score.sparse). Contract:
+(ops.dsa.attn_score.dense), sparse_attn_scores (ops.dsa.attn_score.sparse) and sparse_attention
+(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward; wired, not routed yet: ROUTED). Contract:
 - every output buffer comes from ``_empty`` uninitialised, is exported writable (never a copy) and is returned as
   it is: the kernel writes every element (tests/test_dsa_kernel_seam.py NaN-poisons ``_empty`` to prove it);
 - the stream is Paddle's current one (PORT.stream_handle); no host sync and no device read here;
@@ -18,10 +19,14 @@ from . import import_kernel
 
 _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
-          "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse"}
+          "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse",
+          "sparse_attention": "sparse_attn.fwd"}
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py).
+# "sparse_attention" (ops.dsa.sparse_attn.fwd) is wired (nn/functional/dsa.py, tested on CPU with a fake seam) but
+# left out until the Paddle op has run through it on the H200 (the kernel's own suite, tests/gpu/
+# test_dsa_sparse_attn.py, calls the seam with torch tensors): routing it is adding that one name here.
 ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score"})
 
 
@@ -124,3 +129,19 @@ def sparse_attn_scores(query, kv, softmax_lse, topk_indices, *, scale, topk_leng
         topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
         stream=PORT.stream_handle(query))
     return scores, l1norm
+
+
+def sparse_attention(query, kv, topk_indices, *, scale, v_dim, attn_sink, topk_length, cu_q, cu_k):
+    """(out [B,Sq,H,v_dim] / [Tq,H,v_dim] in query's dtype, softmax_lse float32 [B,H,Sq] / [H,Tq]: the public
+    layout). attn_sink float32 [H] or None; cu_q / cu_k device tensors (THD) or None: the kernel finds each row's
+    sequence on the device, nothing is read on the host here."""
+    shp = list(PORT.shape(query))
+    rows, heads = shp[:-2], shp[-2]
+    out = _empty(rows + [heads, v_dim], query.dtype)
+    lse = _empty([heads] + rows if cu_q is not None else [rows[0], heads, rows[1]], paddle.float32)
+    ex = PORT.export
+    _module("sparse_attention").sparse_attn_fwd(
+        ex(query), ex(kv), ex(topk_indices), _out(out), _out(lse), softmax_scale=scale, attn_sink=_opt(attn_sink),
+        topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
+        stream=PORT.stream_handle(query))
+    return out, lse

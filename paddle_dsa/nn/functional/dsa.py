@@ -5,14 +5,15 @@ THD (packed: the two merged into one token axis, with cu_seqlens_q / cu_seqlens_
 top-k indices and score columns are local to each sequence). On a CUDA place the shapes are checked
 against ops/dsa/supported.py (ValueError outside it), then (_route):
 - an empty problem (no row, no key, zero score columns or slots) gets its documented result built in Paddle (scores
-  -inf / 0, lse and l1norm 0, top-k -1), no launch;
-- indexer_score, dense_indexer_score_recompute, indexer_topk (k <= 2048), sparse_indexer_score_recompute and the
-  two attention-score recomputes call their ops.dsa seam (paddle_dsa/kernels/dsa.py) when it imports and is routed
-  (kernels/dsa.py ROUTED); otherwise, and for every other op, the pure-Paddle reference path (paddle_dsa.reference.
-  dsa) runs on the GPU with a one-time warning naming what is missing.
+  -inf / 0, lse and l1norm 0, top-k -1; sparse attention out 0, lse -inf), no launch;
+- indexer_score, dense_indexer_score_recompute, indexer_topk (k <= 2048), sparse_indexer_score_recompute, the
+  two attention-score recomputes and the sparse_attention forward call their ops.dsa seam (paddle_dsa/kernels/dsa.py)
+  when it imports and is routed (kernels/dsa.py ROUTED; sparse_attention's is not yet); otherwise, and for every
+  other op, the pure-Paddle reference path (paddle_dsa.reference.dsa) runs on the GPU with a one-time warning naming
+  what is missing. sparse_attention's backward is the reference path's on either route.
 The kernel path reads nothing on the host except THD extents it was not given (max_seqlen_q / max_seqlen_k) and,
-with config.check_cu_seqlens_values on, the cu_seqlens it validates; the reference path reads cu_seqlens and
-q_offsets.
+with config.check_cu_seqlens_values on, the cu_seqlens it validates (sparse_attention: in its forward; its backward
+reads cu_seqlens to build the reference backward's slot table); the reference path reads cu_seqlens and q_offsets.
 """
 import math
 
@@ -222,21 +223,48 @@ class _Cfg:
 
 
 class _SparseAttention(paddle.autograd.PyLayer):
-    """apply(query_rows, kv_rows, [attn_sink,] cfg) -> (out_rows [Tq,H,Dv], lse_rows f32 [Tq,H])."""
+    """apply(query, kv, [attn_sink,] cfg) -> (out, softmax_lse); the backward is the reference path's on both routes.
+
+    Reference route (cfg.kernel False): query / kv are the token-major rows [Tq,H,Dqk] / [Tk,Dqk] and cfg holds the
+    slot table (gidx, valid) the caller built; returns out_rows [Tq,H,Dv] and lse_rows float32 [Tq,H] (the caller
+    puts them in the public layout; the lse saved for the backward stays in the compute dtype, float64 for float64).
+    Kernel route (cfg.kernel True): query / kv as the caller passed them; the forward is the ops.dsa seam
+    (kernels/dsa.py sparse_attention: no host read, no device-to-host sync) and returns out and softmax_lse in the
+    public layout. Its backward flattens to rows and builds the slot table lazily, there: for THD that reads
+    cu_seqlens on the host (a device-to-host copy in the backward, accepted until a backward kernel exists). The
+    tensors it is built from (topk_indices, topk_length, cu_seqlens) are saved with the rest, so an in-place change
+    to them between forward and backward raises instead of giving wrong gradients.
+    """
 
     @staticmethod
     def forward(ctx, query, kv, *rest):
         cfg = rest[-1]
         sink = rest[0] if len(rest) == 2 else None
-        out, lse = ref_sparse.forward(query, kv, cfg.gidx, cfg.valid, cfg.scale, cfg.v_dim, sink)
         ctx.cfg = cfg
         ctx.has_sink = sink is not None
         ctx.want = tuple(PORT.needs_grad(t) for t in ((query, kv, sink) if sink is not None else (query, kv)))
         ctx.set_materialize_grads(False)
-        out = out.astype(query.dtype)
-        S.save(ctx, "sparse_attention", ("query", "kv", "out", "softmax_lse", "attn_sink")[:4 + (sink is not None)],
-               (query, kv, out, lse) + (() if sink is None else (sink,)))
-        return out, lse.astype(_F32)
+        if cfg.kernel:
+            out, lse = gpu.sparse_attention(query, kv, cfg.topk_indices, scale=cfg.scale, v_dim=cfg.v_dim,
+                                            attn_sink=None if sink is None else _f32(sink),
+                                            topk_length=cfg.topk_length, cu_q=cfg.cu_q, cu_k=cfg.cu_k)
+            lse_out = lse
+        else:
+            out, lse = ref_sparse.forward(query, kv, cfg.gidx, cfg.valid, cfg.scale, cfg.v_dim, sink)
+            out = out.astype(query.dtype)
+            lse_out = lse.astype(_F32)
+        names, tensors = ["query", "kv", "out", "softmax_lse"], [query, kv, out, lse]
+        if sink is not None:
+            names.append("attn_sink")
+            tensors.append(sink)
+        if cfg.kernel:
+            slots = [(n, t) for n, t in (("topk_indices", cfg.topk_indices), ("topk_length", cfg.topk_length),
+                                         ("cu_seqlens_q", cfg.cu_q), ("cu_seqlens_k", cfg.cu_k)) if t is not None]
+            ctx.slot_names = tuple(n for n, _ in slots)
+            names += ctx.slot_names
+            tensors += [t for _, t in slots]
+        S.save(ctx, "sparse_attention", tuple(names), tuple(tensors))
+        return out, lse_out
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -246,12 +274,41 @@ class _SparseAttention(paddle.autograd.PyLayer):
         cfg = ctx.cfg
         if dout is None:
             dout = paddle.zeros_like(out)
-        dq, dkv, dsink = ref_sparse.backward(query, kv, cfg.gidx, cfg.valid, out, dout, lse, dlse, cfg.scale,
-                                             cfg.v_dim, sink)
-        grads = [dq.astype(query.dtype), dkv.astype(kv.dtype)]
+        if cfg.kernel:      # public layout -> rows, and the slot table (host read of cu_seqlens for THD)
+            seq = cfg.seq
+            slots = dict(zip(ctx.slot_names, saved[4 + ctx.has_sink:]))
+            gidx, valid = _kernel_slots(seq, slots["topk_indices"], slots.get("topk_length"), query)
+            q, k = I.flat_rows(seq, query), I.flat_rows(seq, kv)
+            o, do = (t.reshape([seq.tq] + list(PORT.shape(t))[-2:]) for t in (out, dout))
+            lse, dlse = (None if t is None else _lse_to_rows(seq, t) for t in (lse, dlse))
+        else:
+            gidx, valid, q, k, o, do = cfg.gidx, cfg.valid, query, kv, out, dout
+        dq, dkv, dsink = ref_sparse.backward(q, k, gidx, valid, o, do, lse, dlse, cfg.scale, cfg.v_dim, sink)
+        shp = lambda t: list(PORT.shape(t))  # noqa: E731
+        grads = [dq.astype(query.dtype).reshape(shp(query)), dkv.astype(kv.dtype).reshape(shp(kv))]
         if sink is not None:
             grads.append(dsink.astype(sink.dtype))
         return tuple(g if w else None for g, w in zip(grads, ctx.want))
+
+
+def _f32(t):
+    """A float32 input of a kernel seam (softmax_lse, attn_sink): a float64 one is rounded to float32, as the reference
+    path's float32 arithmetic for bfloat16 inputs does. An input conversion, never an output."""
+    return t if t.dtype == _F32 else t.astype(_F32)
+
+
+def _lse_to_rows(seq, lse):
+    """softmax_lse (or its gradient) in the public layout [B,H,Sq] / [H,Tq] -> the reference path's rows [Tq,H]."""
+    if seq.thd:
+        return lse.transpose([1, 0])
+    return lse.transpose([0, 2, 1]).reshape([seq.tq, PORT.shape(lse)[1]])
+
+
+def _kernel_slots(seq, topk_indices, topk_length, place_tensor):
+    """The reference path's (gidx, valid) of a kernel-route call, built in its backward (reads cu_seqlens for THD)."""
+    k = PORT.shape(topk_indices)[-1]
+    tl = None if topk_length is None else topk_length.reshape([seq.tq])
+    return C.slot_validity(seq.layout(), topk_indices.reshape([seq.tq, k]), tl, place_tensor.place)
 
 
 def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=None, attn_sink=None,
@@ -281,7 +338,7 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
         V.fail(op, f"`v_head_dim` = {dv} exceeds the query/kv head_dim {dqk}; V is kv[..., :v_head_dim]")
     scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
     V.check_bool(op, "return_softmax_lse", return_softmax_lse)
-    idx, tl, _ = I.check_topk_indices(op, seq, topk_indices, topk_length, query)
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, query)
     if attn_sink is not None:
         V.check_tensor(op, "attn_sink", attn_sink)
         V.check_dtype(op, "attn_sink", attn_sink, I.STAT_DTYPES)
@@ -290,18 +347,24 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
         I.check_attention_table(op, query, h, dqk, dv)
-    if seq.tq == 0 or seq.tk == 0:      # no query row or no key: out 0, lse -inf, zero gradients; no launch
+    sink_arg = () if attn_sink is None else (attn_sink,)
+    # no query row, no key or no top-k slot: out 0, lse -inf, zero gradients, built in Paddle; no launch
+    route = _route(op, on_gpu, "sparse_attention", seq.tq == 0 or seq.tk == 0 or k == 0)
+    if route == "empty":
         lse_shape = (h, seq.tq) if seq.thd else (seq.batch, h, seq.sq)
-        inputs = (query, kv) + (() if attn_sink is None else (attn_sink,))
-        out, lse = empty_attention(inputs, seq.rows() + (h, dv), lse_shape)
+        out, lse = empty_attention((query, kv) + sink_arg, seq.rows() + (h, dv), lse_shape)
         return (out, lse) if return_softmax_lse else out
-    _gpu(op, on_gpu)
+    if route == "kernel":   # the seam finds each row's sequence and slots on the device: no host read
+        cu_q, cu_k = seq.cu_tensors
+        cfg = _Cfg(kernel=True, seq=seq, scale=scale, v_dim=dv, topk_indices=topk_indices, topk_length=topk_length,
+                   cu_q=cu_q, cu_k=cu_k)
+        out, lse = _SparseAttention.apply(query, kv, *sink_arg, cfg)
+        return (out, lse) if return_softmax_lse else out
     layout = seq.layout()
     gidx, valid = C.slot_validity(layout, idx, tl, query.place)
-    cfg = _Cfg(gidx=gidx, valid=valid, scale=scale, v_dim=dv)
+    cfg = _Cfg(kernel=False, gidx=gidx, valid=valid, scale=scale, v_dim=dv)
     q_rows, kv_rows = I.flat_rows(seq, query), I.flat_rows(seq, kv)
-    args = (q_rows, kv_rows) + (() if attn_sink is None else (attn_sink,))
-    out, lse = _SparseAttention.apply(*args, cfg)
+    out, lse = _SparseAttention.apply(q_rows, kv_rows, *sink_arg, cfg)
     if seq.thd:
         lse = lse.transpose([1, 0])
     else:
@@ -355,12 +418,6 @@ def _attn_inputs(op, query, kv, softmax_lse, softmax_scale, cu_seqlens_q, cu_seq
     return seq, h, scale, on_gpu
 
 
-def _lse_f32(softmax_lse):
-    """The kernels take a float32 softmax_lse; a float64 one is rounded to float32 (as the reference path's float32
-    arithmetic does). An input conversion, never an output."""
-    return softmax_lse if softmax_lse.dtype == _F32 else softmax_lse.astype(_F32)
-
-
 def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, causal=True, ratio=1, q_offsets=None,
                                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """(attn_score float32 [B, Sq, Sk], attn_l1norm float32 [B, Sq]).
@@ -384,7 +441,7 @@ def dense_attn_score_recompute(query, kv, softmax_lse, *, softmax_scale=None, ca
             return _empty_scores(seq, seq.width(), 0.0)
         if route == "kernel":
             cu_q, cu_k, max_q = _thd_args(seq)
-            return gpu.dense_attn_scores(query, kv, _lse_f32(softmax_lse), scale=scale, causal=causal, ratio=ratio,
+            return gpu.dense_attn_scores(query, kv, _f32(softmax_lse), scale=scale, causal=causal, ratio=ratio,
                                          q_offsets=q_offsets, cu_q=cu_q, cu_k=cu_k, max_q=max_q, width=seq.width())
         layout, limits = _ref_layout(seq, q_offsets, causal, ratio)
         lse = I.lse_rows(op, seq, softmax_lse, h, query)
@@ -475,7 +532,7 @@ def sparse_attn_score_recompute(query, kv, softmax_lse, topk_indices, *, softmax
             return _empty_scores(seq, k, 0.0)
         if route == "kernel":
             cu_q, cu_k = seq.cu_tensors
-            return gpu.sparse_attn_scores(query, kv, _lse_f32(softmax_lse), topk_indices, scale=scale,
+            return gpu.sparse_attn_scores(query, kv, _f32(softmax_lse), topk_indices, scale=scale,
                                           topk_length=topk_length, cu_q=cu_q, cu_k=cu_k)
         layout, gidx, valid = _slots(seq, idx, tl, query)
         lse = I.lse_rows(op, seq, softmax_lse, h, query)
