@@ -231,3 +231,23 @@ def test_rejects_unsupported():
         torch.empty(1, 64, 4, device=DEV)
     with pytest.raises(ValueError, match="Dqk, Dv"):
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
+
+
+@pytest.mark.parametrize("lag", [1, 8])
+def test_producer_lags(monkeypatch, lag):
+    """Producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in flight before the oldest is published) give
+    bitwise the default's results: dense with topk_length and invalid blocks."""
+    from ops.dsa.sparse_attn import fwd, fwd_sm90
+    default = fwd_sm90.SparseAttnFwdSm90.LAG
+    monkeypatch.setattr(fwd_sm90.SparseAttnFwdSm90, "LAG", lag)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    H, D, Sq, Skv, K = 128, 576, 30, 900, 320
+    q, kv = inputs((2, Sq), Skv, H, D, 77)
+    idx = indices((2, Sq), K, Skv)
+    idx[1, 4, 64:192] = -1
+    tl = torch.randint(0, K + 5, (2, Sq), device=DEV, dtype=torch.int32)
+    o1, l1 = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    monkeypatch.setattr(fwd_sm90.SparseAttnFwdSm90, "LAG", default)
+    o0, l0 = run(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
+    assert torch.equal(o0, o1) and torch.equal(l0, l1), "lags differ bitwise"
