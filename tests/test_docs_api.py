@@ -55,7 +55,8 @@ def test_seam_parameters_match():
     for path, fn in (("flash_attention/fwd.py", "flash_attn_fwd"), ("flash_attention/bwd.py", "flash_attn_bwd"),
                      ("dsa/indexer/fwd.py", "indexer_fwd"), ("dsa/indexer/sparse.py", "sparse_indexer_fwd"),
                      ("dsa/topk/fwd.py", "topk_fwd"), ("dsa/attn_score/dense.py", "dense_attn_score_fwd"),
-                     ("dsa/attn_score/sparse.py", "sparse_attn_score_fwd")):
+                     ("dsa/attn_score/sparse.py", "sparse_attn_score_fwd"),
+                     ("dsa/sparse_attn/fwd.py", "sparse_attn_fwd")):
         tree = ast.parse((ROOT / "ops" / path).read_text())
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn)
         params = [a.arg for a in node.args.args] + [a.arg for a in node.args.kwonlyargs]

@@ -413,12 +413,12 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 
 
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
-    """A seam left out of kernels/dsa.py ROUTED (here the attention-score recomputes, taken out) and the ops with no
-    kernel run the reference path with a warning saying why, even with every module present; as shipped, every
-    seam but sparse_attention's (its H200 run is pending) is routed, so sparse_attention stays on the reference path
-    with the 'not routed yet' warning, its results those of the CPU reference path."""
-    assert seam.ROUTED == set(seam._NAMES) - {"sparse_attention"}
+    """A seam left out of kernels/dsa.py ROUTED (here sparse_attention's and the attention-score recomputes', taken
+    out) and the ops with no kernel run the reference path with a warning saying why, even with every module present;
+    as shipped every seam is routed. An unrouted sparse_attention gives the CPU reference path's results."""
+    assert seam.ROUTED == set(seam._NAMES)
     kernels = install(monkeypatch, routed=False)
+    monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))
     idx = i32(rng.integers(-1, 5, (1, 4, 3)))
     sink = f32(rng, [64])

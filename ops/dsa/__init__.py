@@ -6,7 +6,9 @@ preallocated by the caller and fully written, an integer stream handle; semantic
 - ``attn_score/``: ``dense.dense_attn_score_fwd`` and ``sparse.sparse_attn_score_fwd`` (the attention-score
   recomputes: head-summed clamped probabilities and their l1 norm).
 - ``topk/``: ``fwd.topk_fwd`` (indexer_topk), where installed.
-The dense kernels share ops/common/head_sum_sm90.py, the sparse ones ops/common/sparse_head_sum_sm90.py.
+- ``sparse_attn/``: ``fwd.sparse_attn_fwd`` (the sparse MLA attention forward of sparse_attention).
+The dense kernels share ops/common/head_sum_sm90.py, the sparse score ones ops/common/sparse_head_sum_sm90.py; the
+sparse ones share ops/common/gather_sm90.py.
 ``supported`` is the one shape table paddle_dsa validates GPU-place calls against; it imports without the DSL (the
 kernel modules are imported lazily by their seams).
 """

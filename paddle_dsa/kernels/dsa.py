@@ -3,7 +3,7 @@
 One thin function per ops.dsa seam: indexer_scores (ops.dsa.indexer.fwd: indexer_score, dense_indexer_score_
 recompute), topk (ops.dsa.topk.fwd), sparse_indexer_scores (ops.dsa.indexer.sparse), dense_attn_scores
 (ops.dsa.attn_score.dense), sparse_attn_scores (ops.dsa.attn_score.sparse) and sparse_attention
-(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward; wired, not routed yet: ROUTED). Contract:
+(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward). Contract:
 - every output buffer comes from ``_empty`` uninitialised, is exported writable (never a copy) and is returned as
   it is: the kernel writes every element (tests/test_dsa_kernel_seam.py NaN-poisons ``_empty`` to prove it);
 - the stream is Paddle's current one (PORT.stream_handle); no host sync and no device read here;
@@ -23,11 +23,9 @@ _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "index
           "sparse_attention": "sparse_attn.fwd"}
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
-# recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py).
-# "sparse_attention" (ops.dsa.sparse_attn.fwd) is wired (nn/functional/dsa.py, tested on CPU with a fake seam) but
-# left out until the Paddle op has run through it on the H200 (the kernel's own suite, tests/gpu/
-# test_dsa_sparse_attn.py, calls the seam with torch tensors): routing it is adding that one name here.
-ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score"})
+# recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
+# sparse attention forward since 2026-12-03, its backward still the reference path: nn/functional/dsa.py).
+ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score", "sparse_attention"})
 
 
 def _module(which):
