@@ -4,12 +4,15 @@ H800, not reachable here).
 
 Rows (bf16 query/kv, MQA kv, Dqk 576 / Dv 512 unless named, every index valid, random over Skv):
   B1 Sq 4096, H 128, top-k 2048, Skv 8K / 32K / 64K (the DeepSeek-V3.2 shape); H 64 at Skv 8K; Dqk 512 at 8K.
-FLOPs = 2 * (valid indices) * H * (Dqk + Dv). Timing: bench/timing.device_time (median of CUDA-event times).
+FLOPs = 2 * (valid indices) * H * (Dqk + Dv) forward, 2.5x that backward.
+--bwd: the backward instead (Sq 4096, Skv 8K, top-k 2048, H 64 and 128, with a sink), ours (dq, dkv, d_sink rows)
+against cuDNN frontend 1.32.0's sm90 sparse_attention_backward_wrapper in the same run (cuDNN measured 6.40 ms at
+H 64 on 2026-12-02). Timing: bench/timing.device_time (median of CUDA-event times).
 The eager peer: per chunk of 128 rows, gather kv[idx] ([R, K, Dqk] bf16), bf16 matmuls with fp32 softmax.
 
 --lags L ... times our kernel once per producer lag (SparseAttnFwdSm90.LAG: chunks of cp.async in flight per producer
 thread), the peer once. --ncu: the first row's kernel once, for `ncu --launch-count 1`.
-Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--lags 3 6 ...] [--ncu]
+Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--lags 3 6 ...] [--ncu] [--bwd]
 """
 import argparse
 import csv
@@ -62,6 +65,39 @@ def bench(Sq, Skv, K, H, D, dv, iters, notes, with_eager=True):
     return res, 2.0 * Sq * K * H * (D + dv)
 
 
+def bench_bwd(Sq, Skv, K, H, D, dv, iters, notes):
+    from ops.dsa.sparse_attn.bwd import sparse_attn_bwd
+    g = torch.Generator(device=DEV).manual_seed(Sq + Skv + H)
+    q = torch.randn(1, Sq, H, D, device=DEV, generator=g).bfloat16()
+    kv = torch.randn(1, Skv, D, device=DEV, generator=g).bfloat16()
+    idx = torch.randint(0, Skv, (1, Sq, K), device=DEV, dtype=torch.int32, generator=g)
+    sink = torch.randn(H, device=DEV, generator=g)
+    out = torch.empty(1, Sq, H, dv, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(1, H, Sq, device=DEV)
+    scale = D ** -0.5
+    st = torch.cuda.current_stream().cuda_stream
+    sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=scale, attn_sink=sink, stream=st)
+    dout = torch.randn(out.shape, device=DEV, generator=g).bfloat16()
+    dq, dkv = torch.empty_like(q), torch.empty(kv.shape, device=DEV)
+    dsr = torch.empty(1, Sq, H, device=DEV)
+    res = {}
+    try:
+        res["ours"], _ = device_time(lambda: sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=scale,
+                                                             attn_sink=sink, d_sink_rows=dsr, stream=st), iters)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"ours: {type(e).__name__}: {e}")
+    try:
+        import importlib
+        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+        q3, kv2, o3, do3, i2 = q[0], kv[0], out[0], dout[0], idx[0]
+        lse2 = lse[0].t().contiguous()
+        res["cudnn"], _ = device_time(lambda: dsa.sparse_attention_backward_wrapper(
+            q3, kv2, o3, do3, lse2, sink, i2, softmax_scale=scale), iters)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"cudnn: {type(e).__name__}: {e}")
+    return res, 2.5 * 2.0 * Sq * K * H * (D + dv)
+
+
 def ncu_once(Sq, Skv, K, H, D, dv):
     """One compiled-and-warm launch, then the one a profiler captures (ncu --launch-skip 1 --launch-count 1)."""
     q = torch.randn(1, Sq, H, D, device=DEV).bfloat16()
@@ -103,6 +139,25 @@ def main(a):
     if a.ncu:
         ncu_once(*rows[0][1])
         return
+    if a.bwd:
+        print(f"{'backward':34s} {'ours ms':>8s} {'cuDNN ms':>8s} {'ours TF':>8s} {'cuDNN TF':>8s} {'x cuDNN':>8s}")
+        for H in (64, 128):
+            name, notes = f"bwd Sq4K Skv8K H{H} k2048 576/512 sink", []
+            res, flops = bench_bwd(4096, 8192, 2048, H, 576, 512, a.iters, notes)
+            o, c = res.get("ours"), res.get("cudnn")
+            f = lambda t, w=8, p=2: f"{t:{w}.{p}f}" if t is not None else " " * (w - 1) + "-"  # noqa: E731
+            print(f"{name:34s} {f(o and o * 1e3)} {f(c and c * 1e3)} {f(o and flops / o / 1e12, p=0)} "
+                  f"{f(c and flops / c / 1e12, p=0)} {f(o and c and c / o)}", flush=True)
+            for n in notes:
+                print(f"    note: {n}", flush=True)
+            for impl, t in res.items():
+                out.append({"case": name, "impl": impl, "ms": round(t * 1e3, 4), "tflops": round(flops / t / 1e12, 1)})
+        if a.csv:
+            with open(a.csv, "w", newline="") as fh:
+                wr = csv.DictWriter(fh, fieldnames=("case", "impl", "ms", "tflops"))
+                wr.writeheader()
+                wr.writerows(out)
+        return
     lags = a.lags or [None]
     for lag in lags:
         if lag is not None:
@@ -125,4 +180,5 @@ if __name__ == "__main__":
     p.add_argument("--rows", nargs="*", default=None)
     p.add_argument("--lags", nargs="*", type=int, default=None)
     p.add_argument("--ncu", action="store_true")
+    p.add_argument("--bwd", action="store_true")
     main(p.parse_args())

@@ -1,7 +1,8 @@
-"""CPU CI: every variant of the sparse MLA attention forward (ops/dsa/sparse_attn/fwd.py) compiles for sm_90a; one
-variant checked for its warpgroup MMAs (9 chunks x 4 Q K^T + 4 x 4 P V), 16-byte cp.async gathers and no local
-memory in the PTX; the seam's argument checks raise ValueError naming the argument before any compile or launch
-("CUDA" tensors are host arrays relabelled through DLPack, cuda_labelled.py; only invalid calls are made)."""
+"""CPU CI: every variant of the sparse MLA attention forward and backward (ops/dsa/sparse_attn/fwd.py, bwd.py) and the
+fill kernel compiles for sm_90a; one variant of each checked in its PTX (warpgroup MMAs, 16-byte cp.async gathers, no
+local memory; the backward's fp32 reductions); the seams' argument checks raise ValueError naming the argument before
+any compile or launch ("CUDA" tensors are host arrays relabelled through DLPack, cuda_labelled.py; only invalid calls
+are made)."""
 import os
 import subprocess
 import sys
@@ -16,12 +17,42 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from cuda_labelled import bf16, cuda  # noqa: E402
-from ops.dsa.sparse_attn import fwd  # noqa: E402
+from ops.dsa.sparse_attn import bwd, fwd  # noqa: E402
 
 
 @pytest.mark.parametrize("key", fwd.all_variant_keys(), ids=lambda k: "-".join(str(v) for v in k))
 def test_compile_variant(key):
     assert fwd.compile_variant(key) is not None
+
+
+@pytest.mark.parametrize("key", bwd.all_variant_keys(), ids=lambda k: "-".join(str(v) for v in k))
+def test_compile_bwd_variant(key):
+    assert bwd.compile_variant(key) is not None
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_compile_fill(rank):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+    from ops.common.fill_sm90 import FillSm90
+    from ops.common.head_sum_host import fake_tensor
+    assert cute.compile(FillSm90(), fake_tensor(cutlass.Float32, (None,) * rank, 1, 4), cutlass.Float32(0.0),
+                        cutlass.Int32(1), make_fake_stream(), options="--enable-tvm-ffi") is not None
+
+
+def test_bwd_ptx(tmp_path):
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
+               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.sparse_attn import bwd; "
+            f"bwd.compile_variant((576, 512, 64, False, False, False, False))")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
+    # per consumer code path: S (36) or dP (32), dq (4 or 5 chunks x 2), dkv^T (5 or 4 tiles: 4 + 4 where V exists)
+    assert text.count("wgmma.mma_async") == (36 + 4 * 2 + 4 * 8 + 4) + (32 + 5 * 2 + 4 * 8)
+    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 2
+    assert text.count("red.relaxed.gpu.global.add.f32") == (5 + 4) * 16
+    assert "st.local" not in text and "ld.local" not in text
 
 
 def test_ptx(tmp_path):
@@ -80,3 +111,33 @@ def test_seam_rejects(over, msg):
         return
     with pytest.raises(ValueError, match=msg):
         call(**over)
+
+
+def call_bwd(**over):
+    B, S, Sk, H, D, K = 2, 4, 30, 64, 576, 64
+    a = dict(query=bf16(B, S, H, D), kv=bf16(B, Sk, D), topk_indices=i32(B, S, K), out=bf16(B, S, H, 512),
+             dout=bf16(B, S, H, 512), softmax_lse=f32(B, H, S), dq=bf16(B, S, H, D), dkv=f32(B, Sk, D))
+    kw = {k: over.pop(k) for k in list(over) if k in ("attn_sink", "d_sink_rows", "dlse", "topk_length",
+                                                     "softmax_scale")}
+    kw.setdefault("softmax_scale", 0.1)
+    a.update(over)
+    bwd.sparse_attn_bwd(a["query"], a["kv"], a["topk_indices"], a["out"], a["dout"], a["softmax_lse"], a["dq"],
+                        a["dkv"], **kw)
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(dout=bf16(2, 4, 64, 256)), r"dout: expected shape \(2, 4, 64, 512\)"),
+    (dict(dout=cuda(np.zeros((2, 4, 64, 512), np.float16))), "dout: dtype float16"),
+    (dict(dq=bf16(2, 4, 64, 512)), r"dq: expected shape \(2, 4, 64, 576\)"),
+    (dict(dkv=bf16(2, 30, 576)), "dkv: dtype bfloat16 not supported"),
+    (dict(dkv=f32(2, 31, 576)), r"dkv: expected shape \(2, 30, 576\)"),
+    (dict(dkv=cuda(np.zeros((2, 60, 576), np.float32)[:, ::2])), "dkv: must be contiguous"),
+    (dict(attn_sink=f32(64)), "attn_sink and d_sink_rows must be given together"),
+    (dict(attn_sink=f32(64), d_sink_rows=f32(2, 4, 63)), r"d_sink_rows: expected shape \(2, 4, 64\)"),
+    (dict(dlse=f32(2, 4, 64)), r"dlse: expected shape \(2, 64, 4\)"),
+    (dict(out=bf16(2, 4, 64, 576), dout=bf16(2, 4, 64, 576)), r"\(Dqk, Dv\) = \(576, 576\) not supported"),
+    (dict(softmax_scale=float("nan")), "softmax_scale must be finite"),
+])
+def test_bwd_seam_rejects(over, msg):
+    with pytest.raises(ValueError, match=msg):
+        call_bwd(**over)

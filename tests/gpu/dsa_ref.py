@@ -247,6 +247,66 @@ def sparse_attention(q, kv, scale, idx, *, dv=512, sink=None, topk_length=None, 
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
+def _lse_plus(lse, sink):
+    """logaddexp(lse, sink) per (row, head), lse [R, H] (-inf for an empty row: the sink)."""
+    if sink is None:
+        return lse
+    sk = sink.view(1, -1).expand_as(lse)
+    return torch.where(torch.isneginf(lse), sk, torch.logaddexp(lse, sk))
+
+
+def sparse_attention_bwd(q, kv, scale, idx, out, dout, lse, *, dv=512, sink=None, dlse=None, topk_length=None,
+                         cu_q=None, cu_k=None, dtype=torch.float64, floor=False, chunk=16):
+    """(dq like q, dkv like kv, d_sink_rows [.., H] or None) of sparse_attention from the given out (bf16) and lse
+    (float32, public layout), the math of ops/dsa/sparse_attn/bwd_sm90.py. floor=True: the float32 implementation
+    that rounds where the kernel must (c dS and P to bf16 before their products, dq to bf16)."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dense = cu_q is None
+        valid, grow = slot_rows(idx, topk_length, cu_q, cu_k, None if not dense else kv.shape[1])
+        qr = q.reshape(-1, *q.shape[-2:])
+        kr = kv.reshape(-1, kv.shape[-1])
+        T, H, D = qr.shape
+        rows_of = (lambda x: x.permute(0, 2, 1).reshape(-1, x.shape[1])) if dense else (lambda x: x.T)
+        lr = rows_of(lse).to(dtype)
+        dlr = None if dlse is None else rows_of(dlse).to(dtype)
+        o = out.reshape(T, H, dv).to(dtype)
+        do = dout.reshape(T, H, dv).to(dtype)
+        sk = None if sink is None else sink.to(dtype)
+        bf = (lambda x: x.to(torch.bfloat16).to(dtype)) if floor else (lambda x: x)
+        dq = torch.zeros(T, H, D, dtype=dtype, device=q.device)
+        dkv = torch.zeros(kr.shape, dtype=dtype, device=q.device)
+        dsink = torch.zeros(T, H, dtype=dtype, device=q.device)
+        for r0 in range(0, T, chunk):
+            r1 = min(T, r0 + chunk)
+            vm = valid[r0:r1, None, :]
+            kg = kr.to(dtype)[grow[r0:r1]]                                   # [R, K, D]
+            qc = qr[r0:r1].to(dtype)
+            s = scale * torch.einsum("rhd,rkd->rhk", qc, kg)
+            lsep = _lse_plus(lr[r0:r1], sk)
+            p = torch.where(vm, torch.exp(torch.clamp(s - lsep[..., None], max=0.0)), torch.zeros_like(s))
+            delta = (do[r0:r1] * o[r0:r1]).sum(-1)                           # [R, H]
+            dp = torch.einsum("rhv,rkv->rhk", do[r0:r1], kg[..., :dv])
+            ds = p * (dp - delta[..., None])
+            if dlr is not None:
+                pn = torch.where(vm, torch.exp(torch.clamp(s - lr[r0:r1, :, None], max=0.0)), torch.zeros_like(s))
+                ds = ds + dlr[r0:r1, :, None] * pn
+            ds = torch.where(vm, ds, torch.zeros_like(ds))
+            dsb, pb = bf(scale * ds), bf(p)
+            dq[r0:r1] = torch.einsum("rhk,rkd->rhd", dsb, kg)
+            contrib = torch.einsum("rhk,rhd->rkd", dsb, qc)
+            contrib[..., :dv] += torch.einsum("rhk,rhv->rkv", pb, do[r0:r1])
+            m = valid[r0:r1]
+            dkv.index_add_(0, grow[r0:r1][m], contrib[m])
+            if sk is not None:
+                dsink[r0:r1] = -torch.exp(torch.clamp(sk.view(1, -1) - lsep, max=0.0)) * delta
+        dq = bf(dq)
+        return dq.reshape(q.shape), dkv.reshape(kv.shape), None if sink is None else dsink.reshape(*q.shape[:-2], H)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
 def rel_rms(x, ref):
     """||x - ref|| / ||ref|| over finite reference entries (both in float64)."""
     m = torch.isfinite(ref)

@@ -200,7 +200,7 @@ class SparseAttnFwdSm90:
     def attend(self, tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2: Float32, qk_mma: cute.TiledMma,
                qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, sP_layout,
                tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32):
-        D, NC, dt = self.D, self.NC, self.dt
+        D = self.D
         n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
         row_len = n_slots
         if cutlass.const_expr(self.has_length):
@@ -294,7 +294,7 @@ class SparseAttnFwdSm90:
     def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2: Float32,
                 qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, ctid: Int32, w: Int32,
                 grp: Int32, batch: Int32, row: Int32, row_len: Int32, n_blk: Int32, seqlen_k: Int32):
-        NC, OC = self.NC, self.o_chunks
+        OC = self.o_chunks
         quad = ctid % 4
         thr_qk = qk_mma.get_slice(ctid % 128)
         thr_pv = pv_mma.get_slice(ctid % 128)
