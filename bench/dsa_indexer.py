@@ -11,6 +11,9 @@ Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
   sparse idx rec.  B1 Sq 4K, Sk 8K, top-k 2048, 64 heads, Di 128: scores + lse (cuDNN
                    sparse_indexer_score_recompute_wrapper); FLOPs 2 * Sq * topk * H * D
   sparse attn rec. the same slots, 128 heads, Dqk 576: scores + l1norm   (cuDNN sparse_attn_score_recompute_wrapper)
+  sparse idx bwd   the same slots, 64 index heads, Di 128: d_index_q, d_index_k, d_weights (cuDNN
+                   indexer_backward_wrapper: predict probabilities and target in, its own layout); FLOPs 3 x 2 x Sq x
+                   topk x H x D (the recompute, dq and dk products)
 FLOPs: 2 * H * D * (visible (query, key) pairs), about half of Sq * Sk when causal (the count cuDNN's 470 TFLOP/s
 at 1.17 ms uses). Top-k: GB/s of the score bytes read once.
 Timing: bench/timing.device_time (median device time of one call, CUDA events, host queued ahead).
@@ -179,6 +182,33 @@ def bench_sparse(kind, Sq, Sk, K, H, D, iters, dsa, notes):
     return res, 2.0 * Sq * K * H * D
 
 
+def bench_sparse_bwd(Sq, Sk, K, H, D, iters, dsa, notes):
+    from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd
+    g = torch.Generator(device=DEV).manual_seed(Sq + K + H + 1)
+    q = torch.randn(1, Sq, H, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(1, Sk, D, device=DEV, generator=g).bfloat16()
+    w = torch.randn(1, Sq, H, device=DEV, generator=g) * H ** -0.5
+    idx = torch.randint(0, Sk, (1, Sq, K), device=DEV, dtype=torch.int32, generator=g)
+    s = torch.empty(1, Sq, K, device=DEV)
+    lse = torch.empty(1, Sq, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st)
+    a = torch.rand(1, Sq, K, device=DEV, generator=g)
+    l1 = a.sum(-1)
+    c = torch.tensor([1.0 / Sq], device=DEV)
+    dq, dk, dw = torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV)
+    res = {"ours": time_or_note(lambda: sparse_indexer_bwd(q, k, w, idx, s, lse, a, l1, c, dq, dk, dw, stream=st),
+                                iters, notes, "ours")}
+    if dsa is not None:
+        p = torch.exp(s - lse[..., None])
+        t = a / l1[..., None]
+        wb = w.bfloat16()
+        gl = torch.ones(1, device=DEV)
+        res["cudnn"] = time_or_note(lambda: dsa.indexer_backward_wrapper(q, wb, k, t.clone(), p, idx, gl), iters,
+                                    notes, "cudnn")
+    return res, 3 * 2.0 * Sq * K * H * D
+
+
 def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
     q, k, w = inputs(S, H)
     s = torch.empty(1, S, S, device=DEV)
@@ -242,6 +272,8 @@ def cases(a, dsa, topk_fwd):
     for kind, H, D, name in (("indexer", 64, 128, "sparse idx rec. 4K/8K k2048 H64"),
                              ("attn", 128, 576, "sparse attn rec. 4K/8K k2048 H128")):
         out.append((name, lambda n, k=kind, h=H, d=D: bench_sparse(k, 4096, 8192, 2048, h, d, a.iters, dsa, n)))
+    out.append(("sparse idx bwd 4K/8K k2048 H64", lambda n: bench_sparse_bwd(4096, 8192, 2048, 64, 128, a.iters,
+                                                                            dsa, n)))
     if not a.quick:
         out.append(("indexer+top-k 32K H32 k2048",
                     lambda n: bench_indexer_topk(32768, 32, 2048, a.iters, dsa, topk_fwd, n)))

@@ -307,6 +307,52 @@ def sparse_attention_bwd(q, kv, scale, idx, out, dout, lse, *, dv=512, sink=None
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
+def sparse_indexer_bwd(q, k, w, idx, score, lse, attn, l1, c, *, topk_length=None, cu_q=None, cu_k=None,
+                       dtype=torch.float64, floor=False, chunk=32):
+    """(d_index_q like q, d_index_k like k, d_weights [.., Hi]) of the sparse indexer KL loss (the math of
+    ops/dsa/indexer/sparse_bwd_sm90.py / paddle_dsa/reference/dsa/indexer_loss.py) from the given statistics and
+    c = loss_coeff * grad_loss / N. floor=True: the float32 implementation that rounds where the kernel must (dA to
+    bf16 before its products, d_index_q to bf16)."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dense = cu_q is None
+        valid, grow = slot_rows(idx, topk_length, cu_q, cu_k, None if not dense else k.shape[1])
+        qr = q.reshape(-1, *q.shape[-2:])
+        kr = k.reshape(-1, k.shape[-1])
+        T, H, D = qr.shape
+        wr = w.reshape(T, H).to(dtype)
+        sr, ar = score.reshape(T, -1).to(dtype), attn.reshape(T, -1).to(dtype)
+        lr, l1r = lse.reshape(T).to(dtype), l1.reshape(T).to(dtype)
+        cc = c.reshape(()).to(dtype)
+        bf = (lambda x: x.to(torch.bfloat16).to(dtype)) if floor else (lambda x: x)
+        dq = torch.zeros(T, H, D, dtype=dtype, device=q.device)
+        dk = torch.zeros(kr.shape, dtype=dtype, device=q.device)
+        dw = torch.zeros(T, H, dtype=dtype, device=q.device)
+        for r0 in range(0, T, chunk):
+            r1 = min(T, r0 + chunk)
+            vm = valid[r0:r1]
+            x = torch.where(vm, sr[r0:r1] - lr[r0:r1, None], torch.zeros_like(sr[r0:r1]))
+            p = torch.where(vm & ~(x < EXP_MIN), torch.exp(torch.clamp(x, max=0.0)), torch.zeros_like(x))
+            t = ar[r0:r1] / torch.clamp(l1r[r0:r1, None], min=1e-10)
+            t = torch.where(t < math.exp(-100.0), torch.full_like(t, math.exp(-100.0)), t)
+            g = torch.where(vm & ~(x < -100.0), -cc * t, torch.zeros_like(t))
+            G = torch.where(vm, g - p * g.sum(-1, keepdim=True), torch.zeros_like(g))      # [R, K]
+            kg = kr.to(dtype)[grow[r0:r1]]                                                  # [R, K, D]
+            qc = qr[r0:r1].to(dtype)
+            X = torch.einsum("rhd,rkd->rhk", qc, kg)
+            relu = torch.where(X < 0, torch.zeros_like(X), X)
+            slope = torch.where(X > 0, torch.ones_like(X), torch.where(X <= 0, torch.zeros_like(X), X))
+            dw[r0:r1] = (G[:, None, :] * relu).sum(-1)
+            dA = bf(G[:, None, :] * wr[r0:r1, :, None] * slope)                            # [R, H, K]
+            dq[r0:r1] = torch.einsum("rhk,rkd->rhd", dA, kg)
+            contrib = torch.einsum("rhk,rhd->rkd", dA, qc)
+            dk.index_add_(0, grow[r0:r1][vm], contrib[vm])
+        return bf(dq).reshape(q.shape), dk.reshape(k.shape), dw.reshape(*q.shape[:-2], H)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
 def rel_rms(x, ref):
     """||x - ref|| / ||ref|| over finite reference entries (both in float64)."""
     m = torch.isfinite(ref)

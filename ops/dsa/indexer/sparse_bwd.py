@@ -1,0 +1,110 @@
+"""Seam of the sparse indexer backward kernel: validate, zero d_index_k, launch.
+
+``sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
+grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0)``
+
+  dense : index_q bf16 [B,Sq,Hi,Di], index_k bf16 [B,Sk,Di], weights bf16|fp32 [B,Sq,Hi], topk_indices int32
+          [B,Sq,K], index_score / attn_score fp32 [B,Sq,K], index_lse / attn_l1norm fp32 [B,Sq], grad_scale fp32
+          [1] (loss_coeff * grad_loss / N on the device: no host read), d_index_q bf16 like index_q (written),
+          d_index_k fp32 like index_k, contiguous (zeroed here, then accumulated), d_weights fp32 [B,Sq,Hi]
+          (written), topk_length int32 [B,Sq]
+  THD   : the same without B; cu_seqlens_q/k int32 [batch+1]
+Semantics: sparse_bwd_sm90.py. Variants: (Di, Hi, weights dtype, varlen, with topk_length). d_index_k is not
+deterministic (fp32 atomics). Every check raises ValueError naming the argument before any compile or launch.
+"""
+import math
+import os
+
+from .. import supported
+from . import check_indexer_side
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+_CACHE = {}
+
+
+def variant_key(head_dim, heads, w_dtype, varlen, has_length):
+    return (int(head_dim), int(heads), str(w_dtype), bool(varlen), bool(has_length))
+
+
+def all_variant_keys():
+    return [variant_key(d, h, w, vl, tl) for d in supported.INDEX_HEAD_DIMS for h in supported.INDEX_HEADS
+            for w in supported.WEIGHT_DTYPES for vl in (False, True) for tl in (False, True)]
+
+
+def fake_args(key):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+    from ...common.head_sum_host import fake_tensor
+    D, H, w_name, varlen, has_len = key
+    bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
+    wdt = {"bfloat16": bf, "float32": f32}[w_name]
+    lead = (None,) if varlen else (None, None)
+    q = fake_tensor(bf, lead + (H, D), 8, 16)
+    k = fake_tensor(bf, lead + (D,), 8, 16)
+    w = fake_tensor(wdt, lead + (H,), 1, wdt.width // 8)
+    idx = fake_tensor(i32, lead + (None,), 1, 4)
+    length = fake_tensor(i32, lead, 1, 4) if has_len else None
+    s, a = fake_tensor(f32, lead + (None,), 1, 4), fake_tensor(f32, lead + (None,), 1, 4)
+    lse, l1 = fake_tensor(f32, lead, 1, 4), fake_tensor(f32, lead, 1, 4)
+    c = fake_tensor(f32, (1,), 1, 4)
+    dq = fake_tensor(bf, lead + (H, D), 1, 2)
+    dk = fake_tensor(f32, lead + (D,), 1, 4)
+    dw = fake_tensor(f32, lead + (H,), 1, 4)
+    cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
+    return (q, k, w, idx, length, s, lse, a, l1, c, dq, dk, dw, cu(), cu(), make_fake_stream())
+
+
+def compile_variant(key):
+    fn = _CACHE.get(key)
+    if fn is None:
+        import cutlass.cute as cute
+        from ...common.tensors import COMPILE_OPTIONS
+        from .sparse_bwd_sm90 import SparseIndexerBwdSm90
+        fn = cute.compile(SparseIndexerBwdSm90(*key), *fake_args(key), options=COMPILE_OPTIONS)
+        _CACHE[key] = fn
+    return fn
+
+
+def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
+                       grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None,
+                       cu_seqlens_k=None, stream=0):
+    from ...common.fill_sm90 import fill_f32
+    from ...common.head_sum_host import SparseHeadSumCall
+    from ...common.tensors import arg_tensor, stream_handle
+    call = SparseHeadSumCall(("index_q", "index_k", "index_score", "index_lse"), index_q, index_k, topk_indices,
+                             topk_length, index_score, index_lse, cu_seqlens_q, cu_seqlens_k)
+    H, rows, at = call.heads, call.rows, call.at
+    w = check_indexer_side(call, weights)
+    w.require_inner_contiguous(w.bits // 8)
+    qa, ka, sa = at["index_q"], at["index_k"], at["index_score"]
+    extra = {}
+    for name, x, dtype, shape in (("attn_score", attn_score, "float32", sa.shape),
+                                  ("attn_l1norm", attn_l1norm, "float32", rows),
+                                  ("d_index_q", d_index_q, "bfloat16", qa.shape),
+                                  ("d_index_k", d_index_k, "float32", ka.shape),
+                                  ("d_weights", d_weights, "float32", rows + (H,))):
+        t = extra[name] = arg_tensor(x, name).require_dtype(dtype)
+        if t.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {t.shape}")
+        t.require_inner_contiguous(t.bits // 8)
+    c = arg_tensor(grad_scale, "grad_scale").require_dtype("float32")
+    if c.shape not in ((1,), ()):
+        raise ValueError(f"grad_scale: expected a one-element float32 tensor [1], got shape {c.shape}")
+    dk = extra["d_index_k"]
+    n_k = int(math.prod(dk.shape))
+    want = tuple(int(math.prod(dk.shape[i + 1:])) for i in range(len(dk.shape)))
+    if n_k and (dk.strides != want or dk.ptr % 16):
+        raise ValueError(f"d_index_k: must be contiguous and 16-byte aligned (strides {want}), got {dk.strides}")
+    s = stream_handle(stream)
+    if n_k:
+        fill_f32(dk.ffi, len(dk.shape), 0.0, n_k, s)          # d_index_k accumulates: every element starts at 0
+    if call.empty:
+        return
+    if ka.shape[0] == 0 or (not call.varlen and ka.shape[1] == 0):
+        raise ValueError("index_k: zero keys (the caller writes the empty-key result: zero gradients)")
+    fn = compile_variant(variant_key(call.head_dim, H, w.dtype, call.varlen, topk_length is not None))
+    opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
+    fn(qa.ffi, ka.ffi, w.ffi, at["topk_indices"].ffi, opt("topk_length"), sa.ffi, at["index_lse"].ffi,
+       extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi, dk.ffi,
+       extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"), s)

@@ -1,0 +1,440 @@
+"""Sparse indexer backward for Hopper (sm_90a), CuTe DSL: gradients of the sparse-stage indexer KL loss through
+I[t, s] = sum_h w[t, h] relu(q[t, h] . k[idx[t, s]]) (docs/dsa.md, paddle_dsa/reference/dsa/indexer_loss.py).
+
+Math (query row t, its valid slots s; c = loss_coeff * grad_loss / N, a device scalar given by the caller):
+
+    x[s] = index_score[s] - index_lse                    p[s] = e^min(x, 0), 0 where x < -126 ln 2
+    T[s] = max(attn_score[s] / max(attn_l1norm, 1e-10), e^-100)
+    g[s] = -c T[s] where x[s] >= -100, else 0;           G[s] = g[s] - p[s] sum_s' g[s']      (0 at invalid slots)
+    X[s, h] = k_s . q_h   (recomputed, fp32 wgmma)
+    d_weights[t, h] = sum_s G[s] relu(X[s, h]);   dA[s, h] = G[s] w[h] 1[X[s, h] > 0]
+    d_index_q[t, h] = sum_s dA[s, h] k_s;          d_index_k[idx_s] += sum_h dA[s, h] q_h     (fp32 atomics)
+relu and its slope keep NaN (a NaN X reaches d_weights, dA and through it dq / dk); min / max clamps are selects that
+keep NaN. A row with index_lse = +inf has x = -inf: p = 0, g = 0, zero gradients.
+
+Tiling. One CTA = one query row, all Hi (16 / 32 / 64) index heads; slots in blocks of 64, each block's key rows
+gathered by cp.async (producer warpgroup, invalid slots zero-filled) in Di / 64 chunks of 64 x 64 into its consumer's
+half of an 8-stage ring (ring_state, as ops/common/sparse_head_sum_sm90.py). Before the loop all 256 consumer threads
+reduce sum_s g over the row (sRed, PRE_BAR) and load w (sW). Consumer warpgroup w takes blocks n = w, w + 2, ... on
+its own (no per-block cross-warpgroup barrier):
+  X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots, d_weights
+  partials, dA (bf16) to its own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
+  dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
+  red.global.add at the valid keys' rows; dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the
+  chunks read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
+After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 8 consumer warps
+through sDW in a fixed order; consumer 1's dq^T partial goes through sDQ (fp32, its accumulator order) and consumer 0
+adds it and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics in any order).
+Shared-memory handoffs: sRed / sW written before PRE_BAR (256 consumer threads), read after; sdA[w] written by the
+128 threads of warpgroup w, read by its wgmmas after DA_BAR + w, rewritten only after its wgmmas retired
+(wait_group 0 by every thread of the warpgroup); sDW, sDQ written before END_BAR (256), read after.
+
+Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16 or fp32), topk_indices int32
+[B,Sq,K], index_score / attn_score fp32 [B,Sq,K], index_lse / attn_l1norm fp32 [B,Sq], grad_scale fp32 [1],
+d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam, accumulated), d_weights fp32 [B,Sq,Hi].
+THD: the same without B, cu_seqlens_q/k int32 [batch+1]; rows at or past cu_seqlens_q[-1]: dq 0, d_weights 0.
+
+Status: written 2026-12-03, CPU only (compiles for sm_90a); not yet run on the H200.
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ...common.gather_sm90 import find_sequence, publish
+from ...common.head_sum_sm90 import ring_state
+from ...common.softmax import acc_mn_view
+
+BK = 64
+DC = 64
+NUM_THREADS = 384
+PIECE = 8
+STAGES = 8               # 4 chunk buffers per consumer: two blocks of Di = 128
+PRE_BAR, DA_BAR, END_BAR = 3, 4, 6     # DA_BAR + w: 4, 5
+EXP_ARG_MIN = -126.0 * math.log(2.0)
+LOG_MIN = -100.0
+PROB_MIN = math.exp(-100.0)
+L1_EPS = 1e-10
+
+
+class SparseIndexerBwdSm90:
+    """One compiled variant: (Di, Hi, weights dtype name, varlen, has_length)."""
+
+    LAG = 3
+
+    def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool):
+        assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
+        self.D, self.H, self.NC = head_dim, heads, head_dim // DC
+        self.w_dtype, self.varlen, self.has_length = w_dtype, varlen, has_length
+        self.dt = cutlass.BFloat16
+        self.pieces = BK * DC // PIECE // 128      # 4
+
+    # ------------------------------------------------------------------------------------------ host (jit)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                 mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor, mC: cute.Tensor,
+                 mdQ: cute.Tensor, mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, stream):
+        D, H, dt = self.D, self.H, self.dt
+        if cutlass.const_expr(self.varlen):
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
+            k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[0], D, 1), stride=(mK.stride[0], 1, 0)))
+            dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[0], D, 1), stride=(mdK.stride[0], 1, 0)))
+            grid = (mQ.shape[0], 1, 1)
+        else:
+            q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
+                                                                 stride=(mQ.stride[2], 1, mQ.stride[0])))
+            k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[1], D, mK.shape[0]),
+                                                                 stride=(mK.stride[1], 1, mK.stride[0])))
+            dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[1], D, mdK.shape[0]),
+                                                                   stride=(mdK.stride[1], 1, mdK.stride[0])))
+            grid = (mQ.shape[1], mQ.shape[0], 1)
+        K, MN, L = OperandMajorMode.K, OperandMajorMode.MN, LayoutEnum
+        mma = lambda a, b, n: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
+                                                                 tiler_mn=(64, n))
+        mmas = (mma(K, K, H), mma(K, K, H), mma(K, MN, DC), mma(MN, MN, H))     # X, X accumulate, dk, dq^T
+        layouts = (
+            sm90_utils.make_smem_layout_b(L.ROW_MAJOR, (BK, H, D), dt, 1),          # Q (h, d): X^T B
+            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (BK, DC, H), dt, self.NC),   # Q chunks (d, h): dk B
+            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, H, DC), dt, STAGES),    # K chunk (key, c): X^T A
+            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (DC, H, BK), dt, STAGES),    # K chunk (c, key): dq^T A
+            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, DC, H), dt, 2),         # dA (key, h): dk A
+            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (DC, H, BK), dt, 2))         # dA (h, key): dq^T B
+        sQ_l = layouts[0]
+        tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
+                                                cute.slice_(sQ_l, (None, None, 0)), (H, D))
+        self.q_bytes = H * D * dt.width // 8
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, 2 * STAGES]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            sRed: cute.struct.MemRange[Float32, 8]
+            sW: cute.struct.MemRange[Float32, H]
+            sDW: cute.struct.MemRange[Float32, 8 * H]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_l)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[2])], 1024]
+            sdA: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[4])], 1024]
+            sDQ: cute.struct.Align[cute.struct.MemRange[Float32, D * H], 16]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mmas,
+                    layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor, mW: cute.Tensor,
+               mIdx: cute.Tensor, mLen: cute.Tensor, mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor,
+               mL1: cute.Tensor, mC: cute.Tensor, mdQ: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor,
+               mCuK: cute.Tensor, mmas, layouts):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, batch, _ = cute.arch.block_idx()
+        g = (tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW)
+        if cutlass.const_expr(self.varlen):
+            n_seq = mCuQ.shape[0] - 1
+            if row >= mCuQ[n_seq]:
+                self.clear_row(mdQ, mdW, row, tidx)
+            else:
+                b = find_sequence(mCuQ, n_seq, row, tidx % 32)
+                k_off = mCuK[b]
+                self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, mCuK[b + 1] - k_off)
+        else:
+            self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0])
+
+    def rc(self, batch, row, *rest):
+        """Coordinate of (row, rest...) in a [B, Sq, ...] / THD [Tq, ...] tensor."""
+        return (row,) + rest if cutlass.const_expr(self.varlen) else (batch, row) + rest
+
+    def row_at(self, batch, row):
+        return row if cutlass.const_expr(self.varlen) else (batch, row)
+
+    @cute.jit
+    def clear_row(self, mdQ: cute.Tensor, mdW: cute.Tensor, row: Int32, tidx: Int32):
+        for i in cutlass.range(tidx, self.H * self.D, NUM_THREADS, unroll=1):
+            mdQ[row, i // self.D, i % self.D] = self.dt(0.0)
+        if tidx < self.H:
+            mdW[row, tidx] = Float32(0.0)
+
+    @cute.jit
+    def slot_row(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
+        kidx = Int32(0)
+        valid = j < row_len
+        if valid:
+            kidx = mIdx[self.rc(batch, row, j)]
+            valid = kidx >= 0 and kidx < seqlen_k
+        return valid, kidx
+
+    @cute.jit
+    def g_and_p(self, valid, s: Float32, a: Float32, lse: Float32, l1c: Float32, c: Float32):
+        """(g, p) of one slot (module docstring); 0, 0 at an invalid one."""
+        x = Float32(cutlass.select_(valid, s - lse, Float32(0.0)))
+        xm = Float32(cutlass.select_(x > Float32(0.0), Float32(0.0), x))                 # min(x, 0), NaN kept
+        p = cute.math.exp(xm, fastmath=False)
+        p = Float32(cutlass.select_(valid and not (x < Float32(EXP_ARG_MIN)), p, Float32(0.0)))
+        t = a / l1c
+        t = Float32(cutlass.select_(t < Float32(PROB_MIN), Float32(PROB_MIN), t))         # max(t, e^-100), NaN kept
+        g = Float32(cutlass.select_(valid and not (x < Float32(LOG_MIN)), -c * t, Float32(0.0)))
+        return g, p
+
+    @cute.jit
+    def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32):
+        tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW = g
+        sQ_l, sQt_l, sK_l, sKt_l, sdA_l, sdAt_l = layouts
+        n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
+        row_len = n_slots
+        if cutlass.const_expr(self.has_length):
+            row_len = cutlass.max(cutlass.min(n_slots, mLen[self.row_at(batch, row)]), Int32(0))
+        n_blk = (row_len + BK - 1) // BK
+
+        smem = SmemAllocator()
+        st = smem.allocate(self.shared_storage)
+        sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
+        sQt = st.sQ.get_tensor(sQt_l.outer, swizzle=sQt_l.inner)
+        sK = st.sK.get_tensor(sK_l.outer, swizzle=sK_l.inner)
+        sKt = st.sK.get_tensor(sKt_l.outer, swizzle=sKt_l.inner)
+        sdA = st.sdA.get_tensor(sdA_l.outer, swizzle=sdA_l.inner)
+        sdAt = st.sdA.get_tensor(sdAt_l.outer, swizzle=sdAt_l.inner)
+        sRed = st.sRed.get_tensor(cute.make_layout(8))
+        sW = st.sW.get_tensor(cute.make_layout(self.H))
+        sDW = st.sDW.get_tensor(cute.make_layout((8, self.H), stride=(self.H, 1)))
+        sDQ = st.sDQ.get_tensor(cute.make_layout(self.D * self.H))
+        q_bar = st.mbar_q.data_ptr()
+        gQ = cute.local_tile(tQ[None, None, batch], (self.H, self.D), (row, 0))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ[None, None, 0], 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        pipe = pipeline.PipelineAsync.create(barrier_storage=st.mbar.data_ptr(), num_stages=STAGES,
+                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             defer_sync=True)
+        if tidx == 0:
+            cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(40)
+            if warp == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
+                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+            self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
+        else:
+            cute.arch.setmaxregister_increase(232)
+            ctid = tidx - 128
+            lse, l1 = mLse[self.row_at(batch, row)], mL1[self.row_at(batch, row)]
+            l1c = Float32(cutlass.select_(l1 < Float32(L1_EPS), Float32(L1_EPS), l1))         # NaN kept
+            c = mC[0]
+            self.row_sums(sRed, sW, mW, mIdx, mS, mA, batch, row, row_len, seqlen_k, lse, l1c, c, ctid)
+            pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sRed, sW written
+            gsum = Float32(0.0)
+            for i in cutlass.range_constexpr(8):
+                gsum = gsum + sRed[i]
+            rowc = (lse, l1c, c, gsum)
+            x_mma, x_mma_acc, dk_mma, dq_mma = mmas
+            x_mma.set(warpgroup.Field.ACCUMULATE, False)
+            x_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+            dk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            dq_mma.set(warpgroup.Field.ACCUMULATE, True)
+            sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ)
+            self.consume(pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid, batch, row, row_len, n_blk,
+                         k_off, seqlen_k)
+
+    @cute.jit
+    def row_sums(self, sRed, sW, mW, mIdx, mS, mA, batch: Int32, row: Int32, row_len: Int32, seqlen_k: Int32,
+                 lse: Float32, l1c: Float32, c: Float32, ctid: Int32):
+        """sRed[warp] = the consumer warp's part of sum_s g (fixed order), sW = w[t, :] in fp32."""
+        part = Float32(0.0)
+        for j in cutlass.range(ctid, row_len, 256, unroll=1):
+            valid, _ = self.slot_row(mIdx, batch, row, j, row_len, seqlen_k)
+            gj, _ = self.g_and_p(valid, mS[self.rc(batch, row, j)], mA[self.rc(batch, row, j)], lse, l1c, c)
+            part = part + gj
+        for off in cutlass.range_constexpr(5):
+            part = part + cute.arch.shuffle_sync_bfly(part, offset=1 << off)
+        if ctid % 32 == 0:
+            sRed[ctid // 32] = part
+        if ctid < self.H:
+            sW[ctid] = Float32(mW[self.rc(batch, row, ctid)])
+
+    @cute.jit
+    def produce(self, pipe, sK: cute.Tensor, mK: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
+                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
+        """Block n's 64 key rows chunk by chunk into consumer n % 2's half ring: piece p = key row
+        (tidx + 128 p) // 8, 16 bytes at column (tidx % 8) * 8; invalid slots zero-filled. Every block ends with all
+        its chunks published."""
+        NC, per_row, lag = self.NC, DC // PIECE, min(self.LAG, self.NC)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+        zero = cute.make_rmem_tensor((PIECE,), self.dt)
+        zero.fill(0.0)
+        gK = mK[None, None, batch]
+        raw = cute.make_rmem_tensor((self.pieces,), Int32)
+        rows = cute.make_rmem_tensor((self.pieces,), Int32)
+        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
+        for n in cutlass.range(n_blk, unroll=1):
+            for p in cutlass.range_constexpr(self.pieces):
+                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
+            for ch in cutlass.range_constexpr(NC):
+                s = self.chunk_state(n, ch, True)
+                pipe.producer_acquire(s)
+                for p in cutlass.range_constexpr(self.pieces):
+                    r = (tidx + 128 * p) // per_row
+                    dst = cute.local_tile(sK[r, None, s.index], (PIECE,), (tidx % per_row,))
+                    if rows[p] >= 0:
+                        src = cute.local_tile(gK[rows[p], None], (PIECE,), (ch * per_row + tidx % per_row,))
+                        cute.copy(atom, src, dst)
+                    else:
+                        cute.autovec_copy(zero, dst)
+                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(ch >= lag):
+                    publish(pipe, STAGES, self.chunk_state(n, ch - lag, True).index, lag)
+            for j in cutlass.range_constexpr(lag):
+                publish(pipe, STAGES, self.chunk_state(n, NC - lag + j, True).index, lag - 1 - j)
+
+    @cute.jit
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
+        for p in cutlass.range_constexpr(self.pieces):
+            j = n * BK + (tidx + 128 * p) // (DC // PIECE)
+            v = Int32(-1)
+            if j < row_len:
+                v = mIdx[self.rc(batch, row, j)]
+            raw[p] = v
+
+    def chunk_state(self, n, ch, producer):
+        """Chunk ch of block n in consumer n % 2's half ring (its (n // 2) * NC + ch-th chunk)."""
+        return ring_state(STAGES, n % 2, (n // 2) * self.NC + ch, producer)
+
+    @cute.jit
+    def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
+                row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32):
+        sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
+        x_mma, x_mma_acc, dk_mma, dq_mma = mmas
+        lse, l1c, c, gsum = rowc
+        H, NC = self.H, self.NC
+        w = ctid // 128
+        t = ctid % 128
+        lane = t % 32
+        thr_x = x_mma.get_slice(t)
+        thr_k = dk_mma.get_slice(t)
+        thr_q = dq_mma.get_slice(t)
+        tXrK = thr_x.make_fragment_A(thr_x.partition_A(sK))
+        tXrQ = thr_x.make_fragment_B(thr_x.partition_B(sQ2))
+        tKrA = thr_k.make_fragment_A(thr_k.partition_A(sdA))
+        tKrQ = thr_k.make_fragment_B(thr_k.partition_B(sQt))
+        tQrK = thr_q.make_fragment_A(thr_q.partition_A(sKt))
+        tQrA = thr_q.make_fragment_B(thr_q.partition_B(sdAt))
+        x_id = acc_mn_view(thr_x.partition_C(cute.make_identity_tensor((BK, H))))
+        k_id = acc_mn_view(thr_k.partition_C(cute.make_identity_tensor((BK, DC))))
+        acc_dq = [thr_q.make_fragment_C(thr_q.partition_shape_C((DC, H))) for _ in range(NC)]
+        for i in cutlass.range_constexpr(NC):
+            acc_dq[i].fill(0.0)
+        n_cols = cute.size(x_id, mode=[1])
+        dwp = cute.make_rmem_tensor((n_cols,), Float32)
+        dwp.fill(0.0)
+        gr = cute.make_rmem_tensor((2,), Float32)
+        krow = cute.make_rmem_tensor((2,), Int32)
+        kval = cute.make_rmem_tensor((2,), cutlass.Boolean)
+        kpc = DC // 16
+        cute.arch.mbarrier_wait(q_bar, 0)
+        for n in cutlass.range(w, n_blk, 2, unroll=1):
+            # ---- X^T = K Q^T
+            acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
+            for ch in cutlass.range_constexpr(NC):
+                s = self.chunk_state(n, ch, False)
+                pipe.consumer_wait(s)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(kpc):
+                    cute.gemm(x_mma if ch == 0 and kb == 0 else x_mma_acc, acc_x, tXrK[None, None, kb, s.index],
+                              tXrQ[None, None, ch * kpc + kb], acc_x)
+            warpgroup.commit_group()
+            for r in cutlass.range_constexpr(2):           # this thread's two slots (rows of X^T)
+                j = n * BK + x_id[r, 0][0]
+                valid, kidx = self.slot_row(mIdx, batch, row, j, row_len, seqlen_k)
+                sj = Float32(0.0)
+                aj = Float32(0.0)
+                if valid:
+                    sj = mS[self.rc(batch, row, j)]
+                    aj = mA[self.rc(batch, row, j)]
+                gj, pj = self.g_and_p(valid, sj, aj, lse, l1c, c)
+                gr[r] = Float32(cutlass.select_(valid, gj - pj * gsum, Float32(0.0)))
+                krow[r] = k_off + kidx
+                kval[r] = valid
+            warpgroup.wait_group(0)
+            # ---- d_weights partials, dA (bf16) to sdA[w]
+            x_mn = acc_mn_view(acc_x)
+            for r in cutlass.range_constexpr(2):
+                for ci in cutlass.range_constexpr(n_cols):
+                    x = x_mn[r, ci]
+                    h = x_id[r, ci][1]
+                    relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))        # NaN kept
+                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
+                                                    cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
+                    dwp[ci] = dwp[ci] + gr[r] * relu
+                    sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            if w == 0:                                      # sdA[w] written by this warpgroup's 128 threads
+                pipeline.NamedBarrier(barrier_id=DA_BAR, num_threads=128).arrive_and_wait()
+            else:
+                pipeline.NamedBarrier(barrier_id=DA_BAR + 1, num_threads=128).arrive_and_wait()
+            # ---- dq^T += K^T dA (registers), then the dk tiles (atomics)
+            warpgroup.fence()
+            for ch in cutlass.range_constexpr(NC):
+                s = self.chunk_state(n, ch, False)
+                for kb in cutlass.range_constexpr(BK // 16):
+                    cute.gemm(dq_mma, acc_dq[ch], tQrK[None, None, kb, s.index], tQrA[None, None, kb, w], acc_dq[ch])
+            warpgroup.commit_group()
+            for ch in cutlass.range_constexpr(NC):
+                acc_k = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
+                acc_k.fill(0.0)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(H // 16):
+                    cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                k_mn = acc_mn_view(acc_k)
+                for r in cutlass.range_constexpr(2):
+                    if kval[r]:
+                        for ci in cutlass.range_constexpr(cute.size(k_mn, mode=[1])):
+                            col = ch * DC + k_id[r, ci][1]
+                            ptr = mdK.iterator + cute.crd2idx((krow[r], col, batch), mdK.layout)
+                            cute.arch.red(ptr, k_mn[r, ci], op="add", dtype=Float32, sem="relaxed", scope="gpu")
+            warpgroup.wait_group(0)
+            for ch in cutlass.range_constexpr(NC):
+                pipe.consumer_release(self.chunk_state(n, ch, False))
+
+        # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 8 consumer warps in order
+        for ci in cutlass.range_constexpr(n_cols):
+            v = dwp[ci]
+            for off in cutlass.range_constexpr(3):
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=4 << off)
+            dwp[ci] = v
+        if lane < 4:
+            for ci in cutlass.range_constexpr(n_cols):
+                sDW[ctid // 32, x_id[0, ci][1]] = dwp[ci]
+        if w == 1:
+            for ch in cutlass.range_constexpr(NC):
+                for e in cutlass.range_constexpr(cute.size(acc_dq[ch])):
+                    sDQ[(ch * cute.size(acc_dq[ch]) + e) * 128 + t] = acc_dq[ch][e]
+        pipeline.NamedBarrier(barrier_id=END_BAR, num_threads=256).arrive_and_wait()   # sDW, sDQ written
+        if ctid < H:
+            dw = Float32(0.0)
+            for i in cutlass.range_constexpr(8):
+                dw = dw + sDW[i, ctid]
+            mdW[self.rc(batch, row, ctid)] = dw
+        if w == 0:
+            for ch in cutlass.range_constexpr(NC):
+                q_mn = acc_mn_view(acc_dq[ch])
+                o_mn = acc_mn_view(thr_q.partition_C(cute.make_identity_tensor((DC, H))))
+                for e in cutlass.range_constexpr(cute.size(acc_dq[ch])):
+                    acc_dq[ch][e] = acc_dq[ch][e] + sDQ[(ch * cute.size(acc_dq[ch]) + e) * 128 + t]
+                for r in cutlass.range_constexpr(2):
+                    for ci in cutlass.range_constexpr(cute.size(q_mn, mode=[1])):
+                        d = ch * DC + o_mn[r, ci][0]
+                        mdQ[self.rc(batch, row, o_mn[r, ci][1], d)] = self.dt(q_mn[r, ci])

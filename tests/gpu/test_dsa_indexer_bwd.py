@@ -1,0 +1,189 @@
+"""GPU tests of the sparse indexer backward kernel (ops/dsa/indexer/sparse_bwd.py) against float64
+(tests/gpu/dsa_ref.py sparse_indexer_bwd from the same statistics): d_index_q, d_index_k, d_weights NaN-poisoned
+before every run (d_index_k too: the seam zeroes it); gates: d_index_q's and d_weights' worst-row relative error and
+d_index_k's rel_rms within 2x the float32 implementation that rounds where the kernel must (dA to bf16, dq to bf16);
+no NaN/inf for finite inputs; rows with no valid slot and rows with index_lse = +inf: zero gradients.
+Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), Hi 16/32/64, Di 64/128, weights bf16/fp32,
+topk_length random and 0, invalid / duplicate slots, NaN in a selected key row (reaches only the rows selecting it),
+bitwise reruns of dq and d_weights (d_index_k: fp32 atomics, within the re-association bound), a CUDA graph capture.
+Run: python -m pytest -q tests/gpu/test_dsa_indexer_bwd.py
+"""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, HERE)
+
+from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
+from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as kernel_bwd  # noqa: E402
+
+DEV = "cuda"
+NAN = float("nan")
+
+
+def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+def indices(rows, K, sk, invalid_frac=0.1):
+    idx = torch.randint(0, max(sk, 1), (*rows, K), device=DEV, dtype=torch.int32)
+    bad = torch.rand(*rows, K, device=DEV) < invalid_frac
+    junk = torch.where(torch.rand(*rows, K, device=DEV) < 0.5, torch.full_like(idx, -3), idx + sk + 5)
+    return torch.where(bad, junk, idx)
+
+
+def stats(q, k, w, idx, **kw):
+    """index_score / index_lse (the sparse recompute's, float32) and a positive attention target with its l1 norm."""
+    s, lse = sparse_indexer_scores(q, k, w, idx, **kw)
+    s, lse = s.float(), lse.float()
+    a = torch.rand(s.shape, device=DEV) * torch.isfinite(s)
+    return s, lse, a, a.sum(-1)
+
+
+def run(q, k, w, idx, s, lse, a, l1, c, *, topk_length=None, cu_q=None, cu_k=None, stream=None):
+    dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
+    dk = torch.full(k.shape, NAN, device=DEV)
+    dw = torch.full(w.shape, NAN, device=DEV)
+    kernel_bwd(q, k, w, idx, s, lse, a, l1, c, dq, dk, dw, topk_length=topk_length, cu_seqlens_q=cu_q,
+               cu_seqlens_k=cu_k, stream=torch.cuda.current_stream().cuda_stream if stream is None else stream)
+    return dq, dk, dw
+
+
+def worst_row(x, ex):
+    d = (x.double() - ex).reshape(-1, ex.shape[-1]).norm(dim=-1)
+    n = ex.reshape(-1, ex.shape[-1]).norm(dim=-1)
+    return (d / torch.where(n > 0, n, torch.ones_like(n))).max().item()
+
+
+def check(q, k, w, idx, *, factor=2.0, spoil=None, finite=True, **kw):
+    s, lse, a, l1 = stats(q, k, w, idx, **kw)
+    if spoil is not None:
+        lse = spoil(lse)
+    c = torch.tensor([0.37], device=DEV)
+    dq, dk, dw = run(q, k, w, idx, s, lse, a, l1, c, **kw)
+    torch.cuda.synchronize()
+    ex = sparse_indexer_bwd(q, k, w, idx, s, lse, a, l1, c, **kw)
+    fl = sparse_indexer_bwd(q, k, w, idx, s, lse, a, l1, c, dtype=torch.float32, floor=True, **kw)
+    if finite:
+        for name, x in (("d_index_q", dq), ("d_index_k", dk), ("d_weights", dw)):
+            assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite of {x.numel()}"
+    e_k, e_f = worst_row(dq, ex[0]), worst_row(fl[0], ex[0])
+    assert e_k <= factor * e_f + 1e-6, f"d_index_q worst-row rel err {e_k:.3e} > {factor} x floor {e_f:.3e}"
+    e_k, e_f = rel_rms(dk, ex[1]), rel_rms(fl[1], ex[1])
+    assert e_k <= factor * e_f + 1e-7, f"d_index_k rel_rms {e_k:.3e} > {factor} x floor {e_f:.3e}"
+    e_k, e_f = worst_row(dw, ex[2]), worst_row(fl[2], ex[2])
+    assert e_k <= factor * e_f + 1e-6, f"d_weights worst-row rel err {e_k:.3e} > {factor} x floor {e_f:.3e}"
+    return dq, dk, dw
+
+
+def inputs(rows, sk, H, D, w_dtype, seed):
+    torch.manual_seed(seed)
+    q = rnd(*rows, H, D)
+    k = rnd(rows[0], sk, D) if len(rows) == 2 else rnd(sk, D)
+    w = (torch.randn(*rows, H, device=DEV) * H ** -0.5).to(w_dtype)
+    return q, k, w
+
+
+CASES = [(64, 128, torch.float32), (16, 64, torch.bfloat16), (32, 128, torch.bfloat16), (64, 64, torch.float32)]
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES)
+@pytest.mark.parametrize("Sq,Sk,K", [(1, 592, 128), (30, 1840, 256), (17, 100, 200)])
+def test_dense(H, D, w_dtype, Sq, Sk, K):
+    q, k, w = inputs((2, Sq), Sk, H, D, w_dtype, Sq + Sk + H)
+    check(q, k, w, indices((2, Sq), K, Sk))
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES[:2])
+def test_topk_length_invalid_and_lse_inf(H, D, w_dtype):
+    Sq, Sk, K = 24, 300, 300
+    q, k, w = inputs((2, Sq), Sk, H, D, w_dtype, 5)
+    idx = indices((2, Sq), K, Sk)
+    idx[0, 3] = -1                          # a whole row invalid
+    idx[1, 5, 64:128] = Sk + 9              # a whole 64-slot block invalid
+    idx[1, 6, :] = idx[1, 6, :1]            # one key K times
+    tl = torch.randint(0, K + 20, (2, Sq), device=DEV, dtype=torch.int32)
+    tl[0, 0] = 0
+
+    def spoil(lse):
+        lse = lse.clone()
+        lse[1, 7] = float("inf")            # a row switched off: zero gradients
+        return lse
+    dq, _, dw = check(q, k, w, idx, topk_length=tl, spoil=spoil)
+    for r in ((0, 0), (0, 3), (1, 7)):
+        assert (dq[r] == 0).all() and (dw[r] == 0).all(), r
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES[:3])
+def test_thd(H, D, w_dtype):
+    torch.manual_seed(11)
+    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 160
+    q, k = rnd(Tq, H, D), rnd(Tk, D)
+    w = (torch.randn(Tq, H, device=DEV) * H ** -0.5).to(w_dtype)
+    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    tl = torch.randint(0, K + 1, (Tq,), device=DEV, dtype=torch.int32)
+    for kw in ({}, {"topk_length": tl}):
+        dq, _, dw = check(q, k, w, idx, cu_q=cu_q, cu_k=cu_k, **kw)
+        assert (dq[int(cu_q[-1]):] == 0).all() and (dw[int(cu_q[-1]):] == 0).all()
+
+
+def test_nan_only_through_selecting_rows():
+    H, D, Sq, Sk, K = 64, 128, 16, 400, 128
+    q, k, w = inputs((1, Sq), Sk, H, D, torch.float32, 3)
+    idx = torch.randint(0, Sk - 1, (1, Sq, K), device=DEV, dtype=torch.int32)
+    idx[0, :8, 5] = Sk - 1
+    s, lse, a, l1 = stats(q, k, w, idx)
+    k[0, Sk - 1, 7] = NAN                   # after the statistics: only the backward's recompute sees it
+    dq, dk, dw = run(q, k, w, idx, s, lse, a, l1, torch.tensor([0.5], device=DEV))
+    torch.cuda.synchronize()
+    assert torch.isnan(dw[0, :8]).all() and torch.isfinite(dw[0, 8:]).all()
+    assert torch.isfinite(dq[0, 8:]).all()
+
+
+def test_reruns():
+    H, D, Sq, Sk, K = 64, 128, 40, 400, 512
+    q, k, w = inputs((1, Sq), Sk, H, D, torch.float32, 4)
+    idx = torch.randint(0, Sk, (1, Sq, K), device=DEV, dtype=torch.int32)
+    s, lse, a, l1 = stats(q, k, w, idx)
+    c = torch.tensor([0.3], device=DEV)
+    dq0, dk0, dw0 = run(q, k, w, idx, s, lse, a, l1, c)
+    for _ in range(10):
+        dq, dk, dw = run(q, k, w, idx, s, lse, a, l1, c)
+        assert torch.equal(dq, dq0) and torch.equal(dw, dw0)
+        assert ((dk - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
+
+
+def test_cuda_graph_capture():
+    H, D, Sq, Sk, K = 32, 128, 12, 300, 128
+    q, k, w = inputs((2, Sq), Sk, H, D, torch.bfloat16, 9)
+    idx = indices((2, Sq), K, Sk)
+    s, lse, a, l1 = stats(q, k, w, idx)
+    c = torch.tensor([0.3], device=DEV)
+    dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
+    dk = torch.full(k.shape, NAN, device=DEV)
+    dw = torch.full(w.shape, NAN, device=DEV)
+    st = torch.cuda.Stream()
+    with torch.cuda.stream(st):
+        kernel_bwd(q, k, w, idx, s, lse, a, l1, c, dq, dk, dw, stream=st.cuda_stream)
+    torch.cuda.synchronize()
+    for t in (dq, dk, dw):
+        t.fill_(NAN)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=st):
+        kernel_bwd(q, k, w, idx, s, lse, a, l1, c, dq, dk, dw, stream=st.cuda_stream)
+    g.replay()
+    torch.cuda.synchronize()
+    ex = run(q, k, w, idx, s, lse, a, l1, c)
+    torch.cuda.synchronize()
+    assert torch.equal(dq, ex[0]) and torch.equal(dw, ex[2])
+    assert ((dk - ex[1]).abs() <= 2 ** -14 * ex[1].abs().max()).all()
