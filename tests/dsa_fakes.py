@@ -25,7 +25,8 @@ SEAMS = {"indexer": ("indexer/fwd.py", "indexer_fwd"), "topk": ("topk/fwd.py", "
          "sparse_indexer": ("indexer/sparse.py", "sparse_indexer_fwd"),
          "attn_score": ("attn_score/dense.py", "dense_attn_score_fwd"),
          "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd"),
-         "sparse_attention": ("sparse_attn/fwd.py", "sparse_attn_fwd")}
+         "sparse_attention": ("sparse_attn/fwd.py", "sparse_attn_fwd"),
+         "sparse_attention_bwd": ("sparse_attn/bwd.py", "sparse_attn_bwd")}
 
 
 def _layout(q, k, q_offsets, cq, ck, width=None):
@@ -154,6 +155,33 @@ class FakeKernels:
         assert read(out).shape == q.shape[:-1] + [o.shape[-1]] and read(softmax_lse).shape == lse.shape, "shapes"
         write(out, o.reshape(read(out).shape))          # float32 -> bfloat16, as the reference path casts
         write(softmax_lse, lse)
+
+    def sparse_attn_bwd(self, query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale,
+                        attn_sink=None, d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None,
+                        cu_seqlens_k=None, stream=0):
+        q, k, o, do, lse, sink, dl = (read(x) for x in (query, kv, out, dout, softmax_lse, attn_sink, dlse))
+        gq, gkv, gsink = read(dq), read(dkv), read(d_sink_rows)
+        assert q.dtype == k.dtype == o.dtype == do.dtype == gq.dtype == paddle.bfloat16, "bf16 tensors"
+        assert do.shape == o.shape and gq.shape == q.shape, "dout as out, dq as query"
+        assert gkv.dtype == paddle.float32 and gkv.shape == k.shape, "dkv: a float32 accumulator shaped like kv"
+        assert lse.dtype == paddle.float32 and (dl is None or (dl.dtype == paddle.float32 and dl.shape == lse.shape))
+        assert (sink is None) == (gsink is None), "attn_sink and d_sink_rows come together"
+        assert sink is None or (sink.dtype == gsink.dtype == paddle.float32 and gsink.shape == q.shape[:-1])
+        thd, gidx, valid = self._slots("sparse_attention_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
+                                       cu_seqlens_k, stream)
+        self.calls[-1] += (sink is not None, topk_length is not None, dl is not None)
+        qr, kr, orow, dorow = (_rows(t, thd) for t in (q, k, o, do))
+        lr, dlr = _lse_rows(lse, thd), None if dl is None else _lse_rows(dl, thd)
+        dv = o.shape[-1]
+        g_q, g_kv, _ = ref_sparse.backward(qr, kr, gidx, valid, orow, dorow, lr, dlr, softmax_scale, dv, sink)
+        write(dq, g_q.reshape(q.shape))         # float32 -> bfloat16, as the reference path casts
+        # the whole accumulator: the seam zeroes dkv, then the kernel adds every slot's part into it
+        write(dkv, g_kv.reshape(k.shape))
+        if gsink is not None:                   # per row: the reference backward of that row alone
+            per_row = [ref_sparse.backward(qr[r:r + 1], kr, gidx[r:r + 1], valid[r:r + 1], orow[r:r + 1],
+                                           dorow[r:r + 1], lr[r:r + 1], None if dlr is None else dlr[r:r + 1],
+                                           softmax_scale, dv, sink)[2] for r in range(qr.shape[0])]
+            write(d_sink_rows, paddle.stack(per_row).reshape(gsink.shape))
 
 
 def poisoned_empty(shape, dtype):

@@ -90,7 +90,7 @@ def test_seam_signatures_match_ops_modules():
         assert [a.arg for a in node.args.args] == fake_pos, fn
         assert {a.arg for a in node.args.kwonlyargs} == fake_kw, fn
         checked += 1
-    assert checked == len(SEAMS)        # all six exist at this commit
+    assert checked == len(SEAMS)        # all seven exist at this commit
 
 
 @pytest.mark.parametrize("causal,ratio,offs", [(True, 1, None), (True, 4, [0, 50]), (False, 1, None)])
@@ -216,52 +216,99 @@ def _sparse_attention_case(rng, thd, extras):
     return q, kv, idx, kw
 
 
-def _sparse_attention_run(q, kv, idx, kw, dout, dlse):
-    """Forward (out, softmax_lse) and the gradients to query, kv (and attn_sink) of upstream (dout, dlse)."""
+def _sparse_attention_run(q, kv, idx, dout, dlse, upstream="out+lse", **kw):
+    """Forward (out, softmax_lse) and the gradients to query, kv (and attn_sink) of the upstream gradients: "out"
+    (return_softmax_lse off: dlse is None in the backward), "out+lse" (dout and dlse), "lse" (dlse only: dout is None
+    in the backward)."""
     for t in (q, kv, kw.get("attn_sink")):
         if t is not None:
             t.clear_gradient()
-    out, lse = P.sparse_attention(q, kv, idx, return_softmax_lse=True, **kw)
-    paddle.autograd.backward([out, lse], [dout, dlse])
+    if upstream == "out":
+        out = P.sparse_attention(q, kv, idx, **kw)
+        paddle.autograd.backward([out], [dout])
+        lse = None
+    else:
+        out, lse = P.sparse_attention(q, kv, idx, return_softmax_lse=True, **kw)
+        pairs = ([out, lse], [dout, dlse]) if upstream == "out+lse" else ([lse], [dlse])
+        paddle.autograd.backward(*pairs)
     grads = [t.grad.clone() for t in (q, kv, kw.get("attn_sink")) if t is not None]
-    return [out, lse] + grads
+    return [out] + ([] if lse is None else [lse]) + grads
+
+
+def _upstream(rng, q, kw, dv=512):
+    """(dout, dlse) of a sparse_attention call: bf16 [rows.., H, dv] and float32 in the public lse layout."""
+    shp = list(q.shape)
+    rows, h = shp[:-2], shp[-2]
+    return bf16(rng, rows + [h, dv]), f32(rng, [h] + rows if "cu_seqlens_q" in kw else [rows[0], h, rows[1]])
+
+
+def _same_grads(got, want):
+    """Bit for bit, d_attn_sink included. d_query and d_kv: the fake runs the reference backward itself (and the
+    float32 -> bfloat16 casts are the reference path's). d_attn_sink: the fake writes each row's d_sink_rows from the
+    reference backward of that row alone (exactly the negated term the reference sums for that row), and the seam
+    wrapper's float32 sum over the rows gives the reference's own float32 sum over the rows bit for bit on these
+    problems (one row chunk, a few rows: observed, not guaranteed by Paddle; a float64 sink gets that sum, cast)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and list(g.shape) == list(w.shape), (g.dtype, w.dtype, g.shape, w.shape)
+        gn, wn = g.astype("float32").numpy(), w.astype("float32").numpy()
+        assert not np.isnan(gn).any(), "NaN: an element the kernel did not write, or a copied buffer"
+        np.testing.assert_array_equal(gn, wn)
 
 
 @pytest.mark.parametrize("thd", [False, True])
 @pytest.mark.parametrize("extras", [False, True], ids=["plain", "topk_length+sink"])
-def test_sparse_attention(rng, fake, monkeypatch, thd, extras):
-    """The forward on the kernel route (routed here, as install() does), the backward on the reference path: out,
-    softmax_lse and the gradients to query, kv, attn_sink equal the reference path's bit for bit."""
+@pytest.mark.parametrize("upstream", ["out", "out+lse", "lse"])
+def test_sparse_attention(rng, fake, monkeypatch, thd, extras, upstream):
+    """Forward and backward on the kernel route (both seams routed here, as install() does): out, softmax_lse and the
+    gradients to query, kv, attn_sink equal the reference path's bit for bit, with and without a gradient into
+    softmax_lse (and with only that one: dout None -> zeros)."""
     q, kv, idx, kw = _sparse_attention_case(rng, thd, extras)
-    out0, lse0 = P.sparse_attention(q, kv, idx, return_softmax_lse=True, **kw)
-    assert fake.calls == [("sparse_attention", STREAM, extras, extras)]
-    dout, dlse = bf16(rng, out0.shape), f32(rng, lse0.shape)
-    got = _sparse_attention_run(q, kv, idx, kw, dout, dlse)
-    assert got[0].dtype == paddle.bfloat16 and got[1].dtype == paddle.float32
-
-    def out_only():     # only the gradient of out: dlse is None in the backward (return_softmax_lse off)
-        q.clear_gradient()
-        P.sparse_attention(q, kv, idx, **kw).astype("float32").sum().backward()
-        return q.grad.astype("float32").numpy()
-    g1 = out_only()
-    assert len(fake.calls) == 3
-    want = reference(monkeypatch, _sparse_attention_run, q, kv, idx, kw, dout, dlse)
-    assert len(got) == len(want) == (5 if extras else 4)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and list(g.shape) == list(w.shape)
-        gn, wn = g.astype("float32").numpy(), w.astype("float32").numpy()
-        assert not np.isnan(gn).any(), "NaN: an element the kernel did not write, or a copied buffer"
-        np.testing.assert_array_equal(gn, wn)
-    assert np.isneginf(got[1].numpy()).any() and (got[2].astype("float32").numpy() != 0).any()
-    np.testing.assert_array_equal(g1, reference(monkeypatch, out_only))
+    dout, dlse = _upstream(rng, q, kw)
+    got = _sparse_attention_run(q, kv, idx, dout, dlse, upstream, **kw)
+    assert fake.calls == [("sparse_attention", STREAM, extras, extras),
+                          ("sparse_attention_bwd", STREAM, extras, extras, upstream != "out")]
+    assert got[0].dtype == paddle.bfloat16
+    want = reference(monkeypatch, _sparse_attention_run, q, kv, idx, dout, dlse, upstream, **kw)
+    assert len(got) == (1 if upstream == "out" else 2) + 2 + extras
+    _same_grads(got, want)
+    if upstream != "out":
+        assert got[1].dtype == paddle.float32 and np.isneginf(got[1].numpy()).any()
+    assert (got[-2 - extras].astype("float32").numpy() != 0).any()      # d_query
+    if extras:      # d_attn_sink = -sum exp(sink - lse+) (out . dout): zero with no gradient into out
+        assert got[-1].dtype == paddle.float64 and (got[-1].numpy() != 0).any() == (upstream != "lse")
 
 
-def test_sparse_attention_kernel_route_guards_its_slot_tensors(rng, fake):
-    """The kernel route builds the backward's slot table from topk_indices / topk_length / cu_seqlens in the
-    backward: an in-place change to one of them after the forward raises instead of giving wrong gradients."""
+@pytest.mark.parametrize("thd", [False, True])
+def test_sparse_attention_backward_unrouted_stays_on_reference(rng, monkeypatch, thd):
+    """As shipped (ROUTED without "sparse_attention_bwd"): the forward on the kernel seam, the backward on the
+    reference path (kernel route: rows and the slot table rebuilt there) with a warning naming the unrouted backward
+    kernel; every result equals the reference path's bit for bit."""
+    kernels = install(monkeypatch, routed=False)
+    assert "sparse_attention" in seam.ROUTED and "sparse_attention_bwd" not in seam.ROUTED
+    q, kv, idx, kw = _sparse_attention_case(rng, thd, True)
+    dout, dlse = _upstream(rng, q, kw)
+    monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    with pytest.warns(UserWarning, match="paddle_dsa.sparse_attention: the paddle_dsa.ops.dsa.sparse_attn.bwd kernel "
+                                         "is not routed yet.*reference path on the GPU"):
+        got = _sparse_attention_run(q, kv, idx, dout, dlse, **kw)
+    assert kernels.calls == [("sparse_attention", STREAM, True, True)]
+    with no_warnings():                 # once per op and reason
+        _sparse_attention_run(q, kv, idx, dout, dlse, "lse", **kw)
+    _same_grads(got, reference(monkeypatch, _sparse_attention_run, q, kv, idx, dout, dlse, **kw))
+
+
+@pytest.mark.parametrize("bwd_routed", [True, False])
+def test_sparse_attention_kernel_route_guards_its_slot_tensors(rng, monkeypatch, bwd_routed):
+    """The kernel route's backward (its seam, or the reference path, which builds the slot table there) reads
+    topk_indices / topk_length / cu_seqlens: an in-place change to one of them after the forward raises instead of
+    giving wrong gradients."""
+    install(monkeypatch, routed=bwd_routed)
     q, kv, idx, kw = _sparse_attention_case(rng, True, True)
     for name, t in (("topk_indices", idx), ("topk_length", kw["topk_length"]), ("cu_seqlens_k", kw["cu_seqlens_k"])):
-        out = P.sparse_attention(q, kv, idx, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # the unrouted backward's fallback warning
+            out = P.sparse_attention(q, kv, idx, **kw)
         t.add_(paddle.zeros_like(t))        # same values, a new inplace version
         # Paddle may re-raise an error from a PyLayer backward wrapped (OSError on 3.3)
         with pytest.raises((RuntimeError, OSError), match=f"sparse_attention: `{name}`, saved for the backward"):
@@ -317,7 +364,8 @@ def test_empty_problems_never_reach_a_kernel(rng, fake, monkeypatch):
 def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     """max_seqlen_q / max_seqlen_k given and check_cu_seqlens_values off: no host read of cu_seqlens (nor of
     q_offsets, top-k indices or lengths) on the kernel path, so the call is CUDA-graph capturable; the results equal
-    the reference path's. sparse_attention: its forward (the backward reads cu_seqlens: test_sparse_attention)."""
+    the reference path's. sparse_attention: its forward and, with its seam routed (as here), its backward (gradients
+    into out and softmax_lse; the unrouted backward's reference path reads cu_seqlens)."""
     cu_q, cu_k, off = i32([0, 3, 3, 9]), i32([0, 7, 10, 16]), i32([2, 0, 5])
     iq, ik, w = bf16(rng, [11, 32, 64]), bf16(rng, [17, 64]), f32(rng, [11, 32])
     q, kv, lse = attn_inputs(rng, (11,), (17,))
@@ -328,15 +376,19 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     bidx = i32(rng.integers(-1, 9, (2, 3, 8)))
     thd = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     mx = dict(thd, max_seqlen_q=6, max_seqlen_k=8)
+    for t in (q, kv, sink, bq, bkv):
+        t.stop_gradient = False
+    up, bup = _upstream(rng, q, thd), _upstream(rng, bq, {})
     calls = [(P.indexer_score, (iq, ik, w), dict(mx, ratio=2, q_offsets=off)),
              (P.dense_indexer_score_recompute, (iq, ik, w), dict(mx, causal=False)),
              (P.dense_attn_score_recompute, (q, kv, lse), dict(mx, q_offsets=off)),
              (P.sparse_indexer_score_recompute, (iq, ik, w, idx), dict(thd, topk_length=tl)),
              (P.sparse_attn_score_recompute, (q, kv, lse, idx), dict(thd, topk_length=tl)),
              (P.indexer_score, (biq, bik, bw), dict(ratio=3, q_offsets=i32([1, 4]))),
-             (P.sparse_attention, (q, kv, idx), dict(thd, topk_length=tl, attn_sink=sink, return_softmax_lse=True)),
-             (P.sparse_attention, (q, kv, idx), dict(thd, return_softmax_lse=True)),
-             (P.sparse_attention, (bq, bkv, bidx), dict(topk_length=i32(rng.integers(0, 9, (2, 3))), v_head_dim=512))]
+             (_sparse_attention_run, (q, kv, idx) + up, dict(thd, topk_length=tl, attn_sink=sink)),
+             (_sparse_attention_run, (q, kv, idx) + up + ("out",), thd),
+             (_sparse_attention_run, (bq, bkv, bidx) + bup,
+              dict(topk_length=i32(rng.integers(0, 9, (2, 3))), v_head_dim=512))]
 
     def host_read(*_):
         raise AssertionError("a host read on the kernel path")
@@ -347,12 +399,15 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     with no_warnings():
         got = [fn(*a, **kw) for fn, a, kw in calls]
     assert [c[0] for c in fake.calls] == ["indexer", "indexer", "attn_score", "sparse_indexer", "sparse_attn_score",
-                                          "indexer"] + ["sparse_attention"] * 3
+                                          "indexer"] + ["sparse_attention", "sparse_attention_bwd"] * 3
     assert list(got[0].shape) == [11, 8] and list(got[2][0].shape) == [11, 8]      # width: max_seqlen_k
     monkeypatch.setattr(PORT, "to_numpy", saved[0])
     monkeypatch.setattr(_dsa_inputs, "host_ints", saved[1])
     for g, (fn, a, kw) in zip(got, calls):
         want = reference(monkeypatch, fn, *a, **kw)
+        if fn is _sparse_attention_run:
+            _same_grads(g, want)
+            continue
         for x, y in zip(g if isinstance(g, tuple) else (g,), want if isinstance(want, tuple) else (want,)):
             same(x, y)
 
@@ -415,18 +470,25 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     """A seam left out of kernels/dsa.py ROUTED (here sparse_attention's and the attention-score recomputes', taken
     out) and the ops with no kernel run the reference path with a warning saying why, even with every module present;
-    as shipped every seam is routed. An unrouted sparse_attention gives the CPU reference path's results."""
-    assert seam.ROUTED == set(seam._NAMES)
+    as shipped every seam is routed but the sparse attention backward's (its H200 run is pending; the shipped
+    fallback: test_sparse_attention_backward_unrouted_stays_on_reference). An unrouted sparse_attention gives the
+    CPU reference path's results, and its backward stays on the reference path even with the backward seam routed
+    (the backward seam serves only a kernel-route forward)."""
+    assert seam.ROUTED == set(seam._NAMES) - {"sparse_attention_bwd"}
     kernels = install(monkeypatch, routed=False)
     monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))
     idx = i32(rng.integers(-1, 5, (1, 4, 3)))
     sink = f32(rng, [64])
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    q.stop_gradient = False
     with pytest.warns(UserWarning, match="sparse_attention: the paddle_dsa.ops.dsa.sparse_attn.fwd kernel is not "
                                          "routed yet.*reference path on the GPU"):
         out, slse = P.sparse_attention(q, kv, idx, attn_sink=sink, return_softmax_lse=True)
-    assert kernels.calls == []
+    with no_warnings():
+        (out.astype("float32").sum() + slse.sum()).backward()
+    assert kernels.calls == [] and q.grad is not None
+    q.stop_gradient = True
     monkeypatch.setattr(PORT, "is_gpu", lambda t: False)
     want = P.sparse_attention(q, kv, idx, attn_sink=sink, return_softmax_lse=True)
     monkeypatch.setattr(PORT, "is_gpu", lambda t: True)

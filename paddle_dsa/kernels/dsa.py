@@ -2,8 +2,9 @@
 
 One thin function per ops.dsa seam: indexer_scores (ops.dsa.indexer.fwd: indexer_score, dense_indexer_score_
 recompute), topk (ops.dsa.topk.fwd), sparse_indexer_scores (ops.dsa.indexer.sparse), dense_attn_scores
-(ops.dsa.attn_score.dense), sparse_attn_scores (ops.dsa.attn_score.sparse) and sparse_attention
-(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward). Contract:
+(ops.dsa.attn_score.dense), sparse_attn_scores (ops.dsa.attn_score.sparse), sparse_attention
+(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward) and sparse_attention_bwd (ops.dsa.sparse_attn.bwd: its
+backward). Contract:
 - every output buffer comes from ``_empty`` uninitialised, is exported writable (never a copy) and is returned as
   it is: the kernel writes every element (tests/test_dsa_kernel_seam.py NaN-poisons ``_empty`` to prove it);
 - the stream is Paddle's current one (PORT.stream_handle); no host sync and no device read here;
@@ -20,11 +21,13 @@ from . import import_kernel
 _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
           "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse",
-          "sparse_attention": "sparse_attn.fwd"}
+          "sparse_attention": "sparse_attn.fwd", "sparse_attention_bwd": "sparse_attn.bwd"}
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
-# sparse attention forward since 2026-12-03, its backward still the reference path: nn/functional/dsa.py).
+# sparse attention forward since 2026-12-03). Not routed yet: "sparse_attention_bwd" (the sparse attention backward,
+# wired into nn/functional/dsa.py _SparseAttention.backward), routed once tests/gpu/test_dsa_sparse_attn_bwd.py passes
+# on the H200; routing = adding the name here. Until then the backward runs the reference path.
 ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score", "sparse_attention"})
 
 
@@ -143,3 +146,27 @@ def sparse_attention(query, kv, topk_indices, *, scale, v_dim, attn_sink, topk_l
         topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
         stream=PORT.stream_handle(query))
     return out, lse
+
+
+def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, scale, attn_sink, dlse, topk_length, cu_q,
+                         cu_k):
+    """(dq in query's dtype and shape, dkv float32 shaped like kv, d_sink float32 [H] or None) of sparse_attention.
+
+    out / dout [B,Sq,H,Dv] / [Tq,H,Dv] in query's dtype; softmax_lse float32 [B,H,Sq] / [H,Tq] as the forward returned
+    it (the public layout), dlse float32 in that layout or None; attn_sink float32 [H] or None; cu_q / cu_k device
+    tensors (THD) or None. dkv comes from _empty like every output: the seam zeroes it, then accumulates (fp32
+    atomics). d_sink is the per-row d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on
+    the same stream): nothing is read on the host."""
+    thd = cu_q is not None
+    heads = PORT.shape(query)[-2]
+    dq = _empty(PORT.shape(query), query.dtype)
+    dkv = _empty(PORT.shape(kv), paddle.float32)
+    d_sink_rows = None if attn_sink is None else _empty(_rows(query, thd) + [heads], paddle.float32)
+    ex = PORT.export
+    _module("sparse_attention_bwd").sparse_attn_bwd(
+        ex(query), ex(kv), ex(topk_indices), ex(out), ex(dout), ex(softmax_lse), _out(dq), _out(dkv),
+        softmax_scale=scale, attn_sink=_opt(attn_sink), d_sink_rows=None if d_sink_rows is None else _out(d_sink_rows),
+        dlse=_opt(dlse), topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
+        stream=PORT.stream_handle(query))
+    d_sink = None if d_sink_rows is None else d_sink_rows.reshape([-1, heads]).sum(axis=0)
+    return dq, dkv, d_sink

@@ -8,12 +8,15 @@ against ops/dsa/supported.py (ValueError outside it), then (_route):
   -inf / 0, lse and l1norm 0, top-k -1; sparse attention out 0, lse -inf), no launch;
 - indexer_score, dense_indexer_score_recompute, indexer_topk (k <= 2048), sparse_indexer_score_recompute, the
   two attention-score recomputes and the sparse_attention forward call their ops.dsa seam (paddle_dsa/kernels/dsa.py)
-  when it imports and is routed (kernels/dsa.py ROUTED; sparse_attention's is not yet); otherwise, and for every
+  when it imports and is routed (kernels/dsa.py ROUTED); otherwise, and for every
   other op, the pure-Paddle reference path (paddle_dsa.reference.dsa) runs on the GPU with a one-time warning naming
-  what is missing. sparse_attention's backward is the reference path's on either route.
+  what is missing. sparse_attention's backward: after a kernel-route forward, its own seam (sparse_attention_bwd)
+  when that is routed (not yet), else the reference path with the warning; after a reference-route forward, the
+  reference path.
 The kernel path reads nothing on the host except THD extents it was not given (max_seqlen_q / max_seqlen_k) and,
 with config.check_cu_seqlens_values on, the cu_seqlens it validates (sparse_attention: in its forward; its backward
-reads cu_seqlens to build the reference backward's slot table); the reference path reads cu_seqlens and q_offsets.
+on the reference path reads cu_seqlens to build the slot table, on the backward seam nothing); the reference path
+reads cu_seqlens and q_offsets.
 """
 import math
 
@@ -223,17 +226,20 @@ class _Cfg:
 
 
 class _SparseAttention(paddle.autograd.PyLayer):
-    """apply(query, kv, [attn_sink,] cfg) -> (out, softmax_lse); the backward is the reference path's on both routes.
+    """apply(query, kv, [attn_sink,] cfg) -> (out, softmax_lse).
 
     Reference route (cfg.kernel False): query / kv are the token-major rows [Tq,H,Dqk] / [Tk,Dqk] and cfg holds the
     slot table (gidx, valid) the caller built; returns out_rows [Tq,H,Dv] and lse_rows float32 [Tq,H] (the caller
     puts them in the public layout; the lse saved for the backward stays in the compute dtype, float64 for float64).
     Kernel route (cfg.kernel True): query / kv as the caller passed them; the forward is the ops.dsa seam
     (kernels/dsa.py sparse_attention: no host read, no device-to-host sync) and returns out and softmax_lse in the
-    public layout. Its backward flattens to rows and builds the slot table lazily, there: for THD that reads
-    cu_seqlens on the host (a device-to-host copy in the backward, accepted until a backward kernel exists). The
-    tensors it is built from (topk_indices, topk_length, cu_seqlens) are saved with the rest, so an in-place change
-    to them between forward and backward raises instead of giving wrong gradients.
+    public layout. Its backward is the backward seam (kernels/dsa.py sparse_attention_bwd, on the saved public-layout
+    tensors: no host read, no device-to-host sync) when that seam is routed (kernels/dsa.py ROUTED; not yet), else
+    the reference path's: it flattens to rows and builds the slot table lazily, there (for THD that reads cu_seqlens
+    on the host: a device-to-host copy in the backward), with the one-time warning naming why. The tensors the
+    slots come from (topk_indices, topk_length, cu_seqlens) are saved with the rest, so an in-place change to them
+    between forward and backward raises instead of giving wrong gradients.
+    Reference route: the reference backward, on the rows.
     """
 
     @staticmethod
@@ -274,9 +280,14 @@ class _SparseAttention(paddle.autograd.PyLayer):
         cfg = ctx.cfg
         if dout is None:
             dout = paddle.zeros_like(out)
-        if cfg.kernel:      # public layout -> rows, and the slot table (host read of cu_seqlens for THD)
-            seq = cfg.seq
+        if cfg.kernel:
             slots = dict(zip(ctx.slot_names, saved[4 + ctx.has_sink:]))
+            # the forward ran on the kernel route (a GPU place, a non-empty problem): the backward seam when it is
+            # routed, else the reference path below, with the one-time warning saying why
+            if _route("sparse_attention", True, "sparse_attention_bwd") == "kernel":
+                return _kernel_backward(ctx, cfg, query, kv, out, dout, lse, dlse, sink, slots)
+            # public layout -> rows, and the slot table (host read of cu_seqlens for THD)
+            seq = cfg.seq
             gidx, valid = _kernel_slots(seq, slots["topk_indices"], slots.get("topk_length"), query)
             q, k = I.flat_rows(seq, query), I.flat_rows(seq, kv)
             o, do = (t.reshape([seq.tq] + list(PORT.shape(t))[-2:]) for t in (out, dout))
@@ -289,6 +300,20 @@ class _SparseAttention(paddle.autograd.PyLayer):
         if sink is not None:
             grads.append(dsink.astype(sink.dtype))
         return tuple(g if w else None for g, w in zip(grads, ctx.want))
+
+
+def _kernel_backward(ctx, cfg, query, kv, out, dout, lse, dlse, sink, slots):
+    """The backward seam (kernels/dsa.py sparse_attention_bwd) on the saved public-layout tensors: no host read, no
+    device-to-host sync. dkv comes back float32 (the kernel accumulates it with fp32 atomics) and d_sink float32:
+    both are cast to their input's dtype, as the reference path casts its compute-dtype gradients."""
+    dq, dkv, dsink = gpu.sparse_attention_bwd(
+        query, kv, slots["topk_indices"], out, dout, lse, scale=cfg.scale,
+        attn_sink=None if sink is None else _f32(sink), dlse=None if dlse is None else _f32(dlse),
+        topk_length=slots.get("topk_length"), cu_q=slots.get("cu_seqlens_q"), cu_k=slots.get("cu_seqlens_k"))
+    grads = [dq.astype(query.dtype), dkv.astype(kv.dtype)]
+    if sink is not None:
+        grads.append(dsink.astype(sink.dtype))
+    return tuple(g if w else None for g, w in zip(grads, ctx.want))
 
 
 def _f32(t):
