@@ -6,7 +6,8 @@ Math. For a row with scores s_j (fp32, straight from Q K^T) and scale c = softma
     m   = max_j t_j over the blocks seen so far       (monotonic: m_new = max(m_old, block max))
     P_j = 2^(t_j - m~),  m~ = 0 if m == -inf else m    (so a fully masked block/row never computes -inf - -inf)
     l   = l * 2^(m_old - m~) + sum_j P_j,   O = O * 2^(m_old - m~) + P V      (2^(-inf - x) = 0 for the first block)
-    end:  out = O / l,  lse = ln(2) * (m + log2(l));   l == 0 (row saw no key): out = 0, lse = -inf
+    end:  out = O / l,  lse = ln(2) * (m + log2(l));   l == 0 (row saw no key): out = 0, lse = -inf;
+          a NaN l (NaN logit) stays NaN in out and lse
 
 A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
 max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
@@ -71,14 +72,15 @@ def online_softmax_update(s_mn: cute.Tensor, o_mn: cute.Tensor, row_max: cute.Te
 
 @cute.jit
 def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, lse_out: cute.Tensor):
-    """Normalise O in place; lse_out[r] = natural-log LSE (-inf and O = 0 for rows that saw no key)."""
+    """Normalise O in place; lse_out[r] = natural-log LSE (-inf and O = 0 for rows that saw no key: l == 0). A NaN l
+    (a NaN logit) is not such a row: it reaches O and lse instead of being replaced by 0 / -inf."""
     for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
         l = quad_sum(row_sum[r])
-        alive = l > Float32(0.0)
-        l_safe = Float32(cutlass.select_(alive, l, Float32(1.0)))
-        inv = Float32(cutlass.select_(alive, Float32(1.0) / l_safe, Float32(0.0)))
+        dead = l == Float32(0.0)
+        l_safe = Float32(cutlass.select_(dead, Float32(1.0), l))
+        inv = Float32(cutlass.select_(dead, Float32(0.0), Float32(1.0) / l_safe))
         lse = (row_max[r] + cute.math.log2(l_safe, fastmath=False)) * Float32(LN2)
-        lse_out[r] = Float32(cutlass.select_(alive, lse, -Float32.inf))
+        lse_out[r] = Float32(cutlass.select_(dead, -Float32.inf, lse))
         for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
             o_mn[r, c] = o_mn[r, c] * inv
 

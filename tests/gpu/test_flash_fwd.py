@@ -223,6 +223,23 @@ def test_seed001_wide_logits(kscale):
     check(q[:, :, :2], k[:, :, :2], v[:, :, :2])  # numerics gate on 2 heads (reference cost)
 
 
+def test_nan_reaches_only_the_rows_that_see_it():
+    """A NaN in one key of one head reaches out and lse of exactly the query rows of that head that see the key (the
+    finalize treats a NaN row sum as NaN, not as a row with no key: never replaced by 0 / -inf); other heads and the
+    causal rows before the key stay finite and equal to the clean run."""
+    torch.manual_seed(5)
+    B, S, H, D = 1, 300, 4, 128
+    q, k, v = (torch.randn(B, S, H, D, device=DEV, dtype=BF16) for _ in range(3))
+    clean_o, clean_l = run_fwd(q, k, v, causal=True)
+    k[0, 200, 2, 5] = float("nan")
+    out, lse = run_fwd(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0, 200:, 2]).all() and torch.isnan(lse[0, 2, 200:]).all()
+    assert torch.equal(out[0, :200, 2], clean_o[0, :200, 2]) and torch.equal(lse[0, 2, :200], clean_l[0, 2, :200])
+    others = [h for h in range(H) if h != 2]
+    assert torch.equal(out[:, :, others], clean_o[:, :, others]) and torch.equal(lse[:, others], clean_l[:, others])
+
+
 def test_deterministic_reruns():
     torch.manual_seed(77)
     q, k, v = rnd(2, 777, 4, 128), rnd(2, 777, 2, 128), rnd(2, 777, 2, 128)
