@@ -1,11 +1,13 @@
-"""Device helpers of the sparse (top-k slot) kernels for Hopper (sm_90a), CuTe DSL: the varlen row search and the
-cp.async publish step of a gathering producer. Used by ops/common/sparse_head_sum_sm90.py (the sparse score
-recomputes) and ops/dsa/sparse_attn/fwd_sm90.py (sparse MLA attention forward).
+"""Device helpers of the sparse (top-k slot) kernels for Hopper (sm_90a), CuTe DSL: the varlen row search, the
+cp.async publish step of a gathering producer (ops/common/sparse_head_sum_sm90.py, the sparse score recomputes) and
+BlockGather, the whole producer of the block-gathering kernels (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py,
+ops/dsa/indexer/sparse_bwd_sm90.py).
 """
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
+from cutlass.cute.nvgpu import cpasync
 
 
 @cute.jit
@@ -34,3 +36,63 @@ def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Cons
     cute.arch.cp_async_wait_group(pending)
     cute.arch.fence_proxy("async.shared", space="cta")
     pipe.producer_commit(pipeline.PipelineState(stages, Int32(0), index, Int32(0)))
+
+
+PIECE = 8            # bf16 elements per 16-byte cp.async
+
+
+class BlockGather:
+    """The producer warpgroup of the sparse kernels that gather whole blocks of key rows (ops/dsa/sparse_attn/fwd_sm90.py,
+    bwd_sm90.py, ops/dsa/indexer/sparse_bwd_sm90.py): block n's GATHER_BK slots, chunk by chunk of 64 columns.
+
+    Piece p of a chunk (p < self.pieces) is key row r = (tidx + 128 p) // 8 of the block and 16 bytes at column
+    (tidx % 8) * 8 of the chunk (the row's index loaded one block ahead, so its latency hides behind a block of
+    copies); a valid slot's piece is a cp.async, an invalid one's (idx < 0, >= the sequence's keys, past the row's
+    slots) a zero store, so no stale or uninitialised row can reach an operand. Chunk g is published `lag` chunks
+    after it was issued (publish(): wait_group, proxy fence, arrive of all 128 writers on its full barrier), and every
+    block ends with all its chunks published, so the producer never waits on a stage while holding chunks a consumer
+    needs. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a block), self.stages
+    (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state), gather_dst(sK, r, col,
+    index) (the 8-element shared-memory slice of row r, column piece col, in the stage of pipeline index `index`) and
+    idx_coord(batch, row, j)."""
+
+    @cute.jit
+    def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
+                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
+        NC, per_row, lag = self.NC, 64 // PIECE, self.gather_lag()
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+        zero = cute.make_rmem_tensor((PIECE,), self.dt)
+        zero.fill(0.0)
+        gKv = mKv[None, None, batch]
+        raw = cute.make_rmem_tensor((self.pieces,), Int32)      # next block's idx (loads in flight)
+        rows = cute.make_rmem_tensor((self.pieces,), Int32)     # this block's gather rows (-1: zero-fill)
+        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
+        for n in cutlass.range(n_blk, unroll=1):
+            for p in cutlass.range_constexpr(self.pieces):
+                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
+            for c in cutlass.range_constexpr(NC):
+                st = self.state(n, c, True)
+                pipe.producer_acquire(st)
+                for p in cutlass.range_constexpr(self.pieces):
+                    dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row, st.index)
+                    if rows[p] >= 0:
+                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
+                        cute.copy(atom, src, dst)
+                    else:
+                        cute.autovec_copy(zero, dst)
+                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(c >= lag):
+                    publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
+            for j in cutlass.range_constexpr(lag):              # the block's last `lag` chunks, oldest first
+                publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
+
+    @cute.jit
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
+        """raw[p] = idx of the slot piece p of block n gathers, -1 past the row's slots."""
+        for p in cutlass.range_constexpr(self.pieces):
+            j = n * self.GATHER_BK + (tidx + 128 * p) // (64 // PIECE)
+            v = Int32(-1)
+            if j < row_len:
+                v = mIdx[self.idx_coord(batch, row, j)]
+            raw[p] = v

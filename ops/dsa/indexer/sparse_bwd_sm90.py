@@ -47,7 +47,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import find_sequence, publish
+from ...common.gather_sm90 import BlockGather, find_sequence
 from ...common.head_sum_sm90 import ring_state
 from ...common.softmax import acc_mn_view
 
@@ -63,7 +63,7 @@ PROB_MIN = math.exp(-100.0)
 L1_EPS = 1e-10
 
 
-class SparseIndexerBwdSm90:
+class SparseIndexerBwdSm90(BlockGather):
     """One compiled variant: (Di, Hi, weights dtype name, varlen, has_length)."""
 
     LAG = 3
@@ -73,6 +73,7 @@ class SparseIndexerBwdSm90:
         self.D, self.H, self.NC = head_dim, heads, head_dim // DC
         self.w_dtype, self.varlen, self.has_length = w_dtype, varlen, has_length
         self.dt = cutlass.BFloat16
+        self.stages = STAGES
         self.pieces = BK * DC // PIECE // 128      # 4
 
     # ------------------------------------------------------------------------------------------ host (jit)
@@ -149,6 +150,9 @@ class SparseIndexerBwdSm90:
     def rc(self, batch, row, *rest):
         """Coordinate of (row, rest...) in a [B, Sq, ...] / THD [Tq, ...] tensor."""
         return (row,) + rest if cutlass.const_expr(self.varlen) else (batch, row) + rest
+
+    def idx_coord(self, batch, row, j):
+        return self.rc(batch, row, j)
 
     def row_at(self, batch, row):
         return row if cutlass.const_expr(self.varlen) else (batch, row)
@@ -263,49 +267,16 @@ class SparseIndexerBwdSm90:
         if ctid < self.H:
             sW[ctid] = Float32(mW[self.rc(batch, row, ctid)])
 
-    @cute.jit
-    def produce(self, pipe, sK: cute.Tensor, mK: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
-                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
-        """Block n's 64 key rows chunk by chunk into consumer n % 2's half ring: piece p = key row
-        (tidx + 128 p) // 8, 16 bytes at column (tidx % 8) * 8; invalid slots zero-filled. Every block ends with all
-        its chunks published."""
-        NC, per_row, lag = self.NC, DC // PIECE, min(self.LAG, self.NC)
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
-        zero = cute.make_rmem_tensor((PIECE,), self.dt)
-        zero.fill(0.0)
-        gK = mK[None, None, batch]
-        raw = cute.make_rmem_tensor((self.pieces,), Int32)
-        rows = cute.make_rmem_tensor((self.pieces,), Int32)
-        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-        for n in cutlass.range(n_blk, unroll=1):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
-            for ch in cutlass.range_constexpr(NC):
-                s = self.chunk_state(n, ch, True)
-                pipe.producer_acquire(s)
-                for p in cutlass.range_constexpr(self.pieces):
-                    r = (tidx + 128 * p) // per_row
-                    dst = cute.local_tile(sK[r, None, s.index], (PIECE,), (tidx % per_row,))
-                    if rows[p] >= 0:
-                        src = cute.local_tile(gK[rows[p], None], (PIECE,), (ch * per_row + tidx % per_row,))
-                        cute.copy(atom, src, dst)
-                    else:
-                        cute.autovec_copy(zero, dst)
-                cute.arch.cp_async_commit_group()
-                if cutlass.const_expr(ch >= lag):
-                    publish(pipe, STAGES, self.chunk_state(n, ch - lag, True).index, lag)
-            for j in cutlass.range_constexpr(lag):
-                publish(pipe, STAGES, self.chunk_state(n, NC - lag + j, True).index, lag - 1 - j)
+    GATHER_BK = BK
 
-    @cute.jit
-    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
-        for p in cutlass.range_constexpr(self.pieces):
-            j = n * BK + (tidx + 128 * p) // (DC // PIECE)
-            v = Int32(-1)
-            if j < row_len:
-                v = mIdx[self.rc(batch, row, j)]
-            raw[p] = v
+    def gather_lag(self):
+        return min(self.LAG, self.NC)
+
+    def gather_dst(self, sK, r, col, index):
+        return cute.local_tile(sK[r, None, index], (PIECE,), (col,))
+
+    def state(self, n, ch, producer):
+        return self.chunk_state(n, ch, producer)
 
     def chunk_state(self, n, ch, producer):
         """Chunk ch of block n in consumer n % 2's half ring (its (n // 2) * NC + ch-th chunk)."""

@@ -50,7 +50,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import find_sequence, publish
+from ...common.gather_sm90 import BlockGather, find_sequence
 from ...common.softmax import acc_mn_view, quad_sum
 
 LOG2E = math.log2(math.e)
@@ -63,7 +63,7 @@ PRE_BAR, DP_BAR, DS_BAR = 3, 4, 5
 DQ_SPLIT = 4         # dq chunks [0, 4) on consumer 0, [4, NC) on consumer 1; dkv chunks the other way round
 
 
-class SparseAttnBwdSm90:
+class SparseAttnBwdSm90(BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse)."""
 
     LAG = 3
@@ -184,6 +184,14 @@ class SparseAttnBwdSm90:
         if cutlass.const_expr(self.has_sink):
             if tidx < HG:
                 mdSink[row, h0 + tidx] = Float32(0.0)
+
+    GATHER_BK = BK
+
+    def gather_lag(self):
+        return self.LAG
+
+    def gather_dst(self, sK, r, col, index):
+        return cute.local_tile(sK[r, None, index], (PIECE,), (col,))
 
     def state(self, n, c, producer):
         """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block."""
@@ -306,49 +314,6 @@ class SparseAttnBwdSm90:
             if cutlass.const_expr(self.has_dlse):
                 dl = mdLSE[self.lse_coord(batch, row, h0 + ctid)]
             sStat[3, ctid] = dl
-
-    @cute.jit
-    def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
-                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
-        """Gather block n's 32 kv rows chunk by chunk: piece p = key row (tidx + 128 p) // 8, 16 bytes at column
-        (tidx % 8) * 8 of the chunk; invalid slots zero-filled."""
-        NC, per_row, lag = self.NC, DC // PIECE, self.LAG
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
-        zero = cute.make_rmem_tensor((PIECE,), self.dt)
-        zero.fill(0.0)
-        gKv = mKv[None, None, batch]
-        raw = cute.make_rmem_tensor((self.pieces,), Int32)
-        rows = cute.make_rmem_tensor((self.pieces,), Int32)
-        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-        for n in cutlass.range(n_blk, unroll=1):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
-            for c in cutlass.range_constexpr(NC):
-                s = self.state(n, c, True)
-                pipe.producer_acquire(s)
-                for p in cutlass.range_constexpr(self.pieces):
-                    r = (tidx + 128 * p) // per_row
-                    dst = cute.local_tile(sK[r, None, s.index], (PIECE,), (tidx % per_row,))
-                    if rows[p] >= 0:
-                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
-                        cute.copy(atom, src, dst)
-                    else:
-                        cute.autovec_copy(zero, dst)
-                cute.arch.cp_async_commit_group()
-                if cutlass.const_expr(c >= lag):
-                    publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
-            for j in cutlass.range_constexpr(lag):
-                publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
-
-    @cute.jit
-    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
-        for p in cutlass.range_constexpr(self.pieces):
-            j = n * BK + (tidx + 128 * p) // (DC // PIECE)
-            v = Int32(-1)
-            if j < row_len:
-                v = mIdx[self.idx_coord(batch, row, j)]
-            raw[p] = v
 
     @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,

@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import find_sequence, publish
+from ...common.gather_sm90 import BlockGather, find_sequence
 from ...common.softmax import acc_mn_view, quad_max, quad_sum, rescale_rows, softmax_state
 
 LN2 = math.log(2.0)
@@ -76,7 +76,7 @@ MAX_BAR, P_BAR, SUM_BAR = 3, 4, 5
 SINK_EXP_MAX = 126.0
 
 
-class SparseAttnFwdSm90:
+class SparseAttnFwdSm90(BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published (< NC);
@@ -191,6 +191,15 @@ class SparseAttnFwdSm90:
             valid = kidx >= 0 and kidx < seqlen_k
         return valid
 
+    GATHER_BK = BK
+
+    def gather_lag(self):
+        return self.LAG
+
+    def gather_dst(self, sK, r, col, index):
+        """Row r of the block sits in half r // 32 of the chunk's two 32-row stages."""
+        return cute.local_tile(sK[r % HALF, None, 2 * index + r // HALF], (PIECE,), (col,))
+
     def state(self, n, c, producer):
         """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block."""
         lap = (n // 2) % 2
@@ -245,51 +254,6 @@ class SparseAttnFwdSm90:
             cute.arch.setmaxregister_increase(232)
             self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2, qk_mma, qk_mma_acc,
                          pv_mma, tidx - 128, wg - 1, grp, batch, row, row_len, n_blk, seqlen_k)
-
-    @cute.jit
-    def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
-                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32):
-        """Gather block n's kv rows chunk by chunk: piece p of a chunk = key row (tidx + 128 p) // 8 of the block
-        (half = row // 32), 16 bytes at column (tidx % 8) * 8 of the chunk. Invalid slots: zeros."""
-        NC, per_row, lag = self.NC, DC // PIECE, self.LAG
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
-        zero = cute.make_rmem_tensor((PIECE,), self.dt)
-        zero.fill(0.0)
-        gKv = mKv[None, None, batch]
-        raw = cute.make_rmem_tensor((self.pieces,), Int32)      # next block's idx (loads in flight)
-        rows = cute.make_rmem_tensor((self.pieces,), Int32)     # this block's gather rows (-1: zero-fill)
-        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-        for n in cutlass.range(n_blk, unroll=1):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
-            for c in cutlass.range_constexpr(NC):
-                st = self.state(n, c, True)
-                pipe.producer_acquire(st)
-                for p in cutlass.range_constexpr(self.pieces):
-                    r = (tidx + 128 * p) // per_row
-                    stage = 2 * st.index + r // HALF
-                    dst = cute.local_tile(sK[r % HALF, None, stage], (PIECE,), (tidx % per_row,))
-                    if rows[p] >= 0:
-                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
-                        cute.copy(atom, src, dst)
-                    else:
-                        cute.autovec_copy(zero, dst)
-                cute.arch.cp_async_commit_group()
-                if cutlass.const_expr(c >= lag):
-                    publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
-            for j in cutlass.range_constexpr(lag):              # the block's last `lag` chunks, oldest first
-                publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
-
-    @cute.jit
-    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
-        """raw[p] = idx of the slot piece p of block n gathers, -1 past the row's slots."""
-        for p in cutlass.range_constexpr(self.pieces):
-            j = n * BK + (tidx + 128 * p) // (DC // PIECE)
-            v = Int32(-1)
-            if j < row_len:
-                v = mIdx[self.idx_coord(batch, row, j)]
-            raw[p] = v
 
     @cute.jit
     def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2: Float32,
