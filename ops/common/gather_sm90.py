@@ -96,3 +96,30 @@ class BlockGather:
             if j < row_len:
                 v = mIdx[self.idx_coord(batch, row, j)]
             raw[p] = v
+
+    @cute.jit
+    def gather_pipeline(self, barrier_ptr, consumer_threads: cutlass.Constexpr, tile_bar, tidx: Int32):
+        """The chunk pipeline (full: the 128 producer threads arrive; empty: `consumer_threads` consumer threads) and
+        the resident tiles' TMA mbarrier, initialised and made visible to the CTA (one sync_threads)."""
+        pipe = pipeline.PipelineAsync.create(barrier_storage=barrier_ptr, num_stages=self.stages,
+                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                                                      consumer_threads),
+                                             defer_sync=True)
+        if tidx == 0:
+            cute.arch.mbarrier_init(tile_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        return pipe
+
+
+@cute.jit
+def load_resident_tiles(tile_bar, nbytes: cutlass.Constexpr, loads):
+    """Warp 0 of the producer: the resident tiles by TMA on one mbarrier expecting `nbytes`; loads = ((atom, gmem
+    partition, smem partition), ...)."""
+    for atom, _, _ in loads:
+        cpasync.prefetch_descriptor(atom)
+    with cute.arch.elect_one():
+        cute.arch.mbarrier_arrive_and_expect_tx(tile_bar, nbytes)
+    for atom, src, dst in loads:
+        cute.copy(atom, src, dst, tma_bar_ptr=tile_bar)

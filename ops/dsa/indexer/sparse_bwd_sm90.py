@@ -47,7 +47,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence
+from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
 from ...common.softmax import acc_mn_view
 
@@ -211,24 +211,14 @@ class SparseIndexerBwdSm90(BlockGather):
         gQ = cute.local_tile(tQ[None, None, batch], (self.H, self.D), (row, 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ[None, None, 0], 0, 2),
                                          cute.group_modes(gQ, 0, 2))
-        pipe = pipeline.PipelineAsync.create(barrier_storage=st.mbar.data_ptr(), num_stages=STAGES,
-                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-                                             defer_sync=True)
-        if tidx == 0:
-            cute.arch.mbarrier_init(q_bar, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        pipe = self.gather_pipeline(st.mbar.data_ptr(), 128, q_bar, tidx)
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
-                cpasync.prefetch_descriptor(tma_q)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
-                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+                load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
             self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
         else:
             cute.arch.setmaxregister_increase(232)

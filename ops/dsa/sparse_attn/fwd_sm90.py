@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence
+from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.softmax import acc_mn_view, quad_max, quad_sum, rescale_rows, softmax_state
 
 LN2 = math.log(2.0)
@@ -230,14 +230,7 @@ class SparseAttnFwdSm90(BlockGather):
         gQ = cute.local_tile(tQ[None, None, batch], (HG, D), (self.q_row(row, grp), 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
                                          cute.group_modes(gQ, 0, 2))
-        pipe = pipeline.PipelineAsync.create(barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
-                                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256),
-                                             defer_sync=True)
-        if tidx == 0:
-            cute.arch.mbarrier_init(q_bar, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        pipe = self.gather_pipeline(storage.mbar.data_ptr(), 256, q_bar, tidx)
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -245,10 +238,7 @@ class SparseAttnFwdSm90(BlockGather):
             # ---------------- producer warpgroup: Q by TMA (warp 0), kv rows by cp.async (all 128 threads)
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
-                cpasync.prefetch_descriptor(tma_q)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
-                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+                load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
             self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
         else:
             cute.arch.setmaxregister_increase(232)
