@@ -51,6 +51,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_sum
 
 LOG2E = math.log2(math.e)
@@ -63,7 +64,7 @@ PRE_BAR, DP_BAR, DS_BAR = 3, 4, 5
 DQ_SPLIT = 4         # dq chunks [0, 4) on consumer 0, [4, NC) on consumer 1; dkv chunks the other way round
 
 
-class SparseAttnBwdSm90(BlockGather):
+class SparseAttnBwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse)."""
 
     LAG = 3
@@ -159,22 +160,6 @@ class SparseAttnBwdSm90(BlockGather):
         else:
             self.backward_row(g, mmas, layouts, tidx, grp, batch, row, Int32(0), mKv.shape[0])
 
-    # ---- addressing (dense: batch, row; THD: the flat row)
-    def idx_coord(self, batch, row, j):
-        return (row, j) if cutlass.const_expr(self.varlen) else (batch, row, j)
-
-    def row_coord(self, batch, row):
-        return row if cutlass.const_expr(self.varlen) else (batch, row)
-
-    def head_coord(self, batch, row, h):
-        return (row, h) if cutlass.const_expr(self.varlen) else (batch, row, h)
-
-    def vec_coord(self, batch, row, h, c):
-        return (row, h, c) if cutlass.const_expr(self.varlen) else (batch, row, h, c)
-
-    def lse_coord(self, batch, row, h):
-        return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
-
     @cute.jit
     def clear_row(self, mdQ: cute.Tensor, mdSink: cute.Tensor, row: Int32, grp: Int32, tidx: Int32):
         """A THD row at or past cu_seqlens_q[-1]: dq 0 and d_sink_rows 0 for this CTA's heads."""
@@ -187,27 +172,8 @@ class SparseAttnBwdSm90(BlockGather):
 
     GATHER_BK = BK
 
-    def gather_lag(self):
-        return self.LAG
-
     def gather_dst(self, sK, r, col, index):
         return cute.local_tile(sK[r, None, index], (PIECE,), (col,))
-
-    def state(self, n, c, producer):
-        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block."""
-        lap = (n // 2) % 2
-        return pipeline.PipelineState(self.stages, n * self.NC + c, (n % 2) * self.NC + c,
-                                      lap ^ 1 if producer else lap)
-
-    @cute.jit
-    def slot_row(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
-        """(valid, key row within the sequence) of slot j."""
-        kidx = Int32(0)
-        valid = j < row_len
-        if valid:
-            kidx = mIdx[self.idx_coord(batch, row, j)]
-            valid = kidx >= 0 and kidx < seqlen_k
-        return valid, kidx
 
     @cute.jit
     def backward_row(self, g, mmas, layouts, tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32,

@@ -62,6 +62,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_max, quad_sum, rescale_rows, softmax_state
 
 LN2 = math.log(2.0)
@@ -76,7 +77,7 @@ MAX_BAR, P_BAR, SUM_BAR = 3, 4, 5
 SINK_EXP_MAX = 126.0
 
 
-class SparseAttnFwdSm90(BlockGather):
+class SparseAttnFwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published (< NC);
@@ -162,18 +163,6 @@ class SparseAttnFwdSm90(BlockGather):
     def q_row(self, row, grp):
         return row * (self.H // HG) + grp
 
-    def idx_coord(self, batch, row, j):
-        return (row, j) if cutlass.const_expr(self.varlen) else (batch, row, j)
-
-    def row_coord(self, batch, row):
-        return row if cutlass.const_expr(self.varlen) else (batch, row)
-
-    def out_coord(self, batch, row, h, c):
-        return (row, h, c) if cutlass.const_expr(self.varlen) else (batch, row, h, c)
-
-    def lse_coord(self, batch, row, h):
-        return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
-
     @cute.jit
     def clear_row(self, mO: cute.Tensor, mLSE: cute.Tensor, row: Int32, grp: Int32, tidx: Int32):
         """A THD row at or past cu_seqlens_q[-1]: out 0 and lse -inf for this CTA's heads."""
@@ -183,28 +172,11 @@ class SparseAttnFwdSm90(BlockGather):
         if tidx < HG:
             mLSE[h0 + tidx, row] = -Float32.inf
 
-    @cute.jit
-    def slot_valid(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
-        valid = j < row_len
-        if valid:
-            kidx = mIdx[self.idx_coord(batch, row, j)]
-            valid = kidx >= 0 and kidx < seqlen_k
-        return valid
-
     GATHER_BK = BK
-
-    def gather_lag(self):
-        return self.LAG
 
     def gather_dst(self, sK, r, col, index):
         """Row r of the block sits in half r // 32 of the chunk's two 32-row stages."""
         return cute.local_tile(sK[r % HALF, None, 2 * index + r // HALF], (PIECE,), (col,))
-
-    def state(self, n, c, producer):
-        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block."""
-        lap = (n // 2) % 2
-        return pipeline.PipelineState(self.stages, n * self.NC + c, (n % 2) * self.NC + c,
-                                      lap ^ 1 if producer else lap)
 
     @cute.jit
     def attend(self, tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2: Float32, qk_mma: cute.TiledMma,
@@ -331,7 +303,7 @@ class SparseAttnFwdSm90(BlockGather):
             col0 = (w * OC + i) * DC
             for r in cutlass.range_constexpr(2):
                 for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    mO[self.out_coord(batch, row, h0 + o_id[r, ci][0], col0 + o_id[r, ci][1])] = \
+                    mO[self.vec_coord(batch, row, h0 + o_id[r, ci][0], col0 + o_id[r, ci][1])] = \
                         self.dt(o_mn[r, ci] * inv[r])
 
     # ------------------------------------------------------------------------------------------ consumer pieces
@@ -340,7 +312,7 @@ class SparseAttnFwdSm90(BlockGather):
         """valid[ci] of this thread's slots of block n (plain global loads)."""
         mIdx, batch, row, row_len, seqlen_k = blk
         for ci in cutlass.range_constexpr(cute.size(valid)):
-            valid[ci] = self.slot_valid(mIdx, batch, row, n * BK + w * HALF + s_id[0, ci][1], row_len, seqlen_k)
+            valid[ci], _ = self.slot_row(mIdx, batch, row, n * BK + w * HALF + s_id[0, ci][1], row_len, seqlen_k)
 
     @cute.jit
     def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, w: Int32):
