@@ -15,6 +15,7 @@ from paddle_dsa.kernels import dsa as seam
 from paddle_dsa.reference.dsa import _common as C
 from paddle_dsa.reference.dsa import attn_score as ref_attn
 from paddle_dsa.reference.dsa import indexer as ref_index
+from paddle_dsa.reference.dsa import indexer_loss as ref_loss
 from paddle_dsa.reference.dsa import sparse_attention as ref_sparse
 from paddle_dsa.reference.dsa import topk as ref_topk
 
@@ -26,7 +27,8 @@ SEAMS = {"indexer": ("indexer/fwd.py", "indexer_fwd"), "topk": ("topk/fwd.py", "
          "attn_score": ("attn_score/dense.py", "dense_attn_score_fwd"),
          "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd"),
          "sparse_attention": ("sparse_attn/fwd.py", "sparse_attn_fwd"),
-         "sparse_attention_bwd": ("sparse_attn/bwd.py", "sparse_attn_bwd")}
+         "sparse_attention_bwd": ("sparse_attn/bwd.py", "sparse_attn_bwd"),
+         "sparse_indexer_bwd": ("indexer/sparse_bwd.py", "sparse_indexer_bwd")}
 
 
 def _layout(q, k, q_offsets, cq, ck, width=None):
@@ -183,6 +185,30 @@ class FakeKernels:
                                            softmax_scale, dv, sink)[2] for r in range(qr.shape[0])]
             write(d_sink_rows, paddle.stack(per_row).reshape(gsink.shape))
 
+    def sparse_indexer_bwd(self, index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score,
+                           attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None,
+                           cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+        q, k, w, c = read(index_q), read(index_k), read(weights), read(grad_scale)
+        s, lse, a, l1 = (read(x) for x in (index_score, index_lse, attn_score, attn_l1norm))
+        gq, gk, gw = read(d_index_q), read(d_index_k), read(d_weights)
+        assert q.dtype == k.dtype == gq.dtype == paddle.bfloat16 and gq.shape == q.shape, "bf16 index_q, d_index_q"
+        assert w.dtype in (paddle.bfloat16, paddle.float32), "weights bf16 or fp32"
+        assert gk.dtype == paddle.float32 and gk.shape == k.shape, "d_index_k: a float32 accumulator like index_k"
+        assert gw.dtype == paddle.float32 and gw.shape == w.shape, "d_weights: float32 shaped like weights"
+        assert c.dtype == paddle.float32 and int(np.prod(c.shape)) == 1, "grad_scale: a one-element float32 tensor"
+        assert all(x.dtype == paddle.float32 for x in (s, lse, a, l1)), "float32 statistics"
+        assert s.shape == a.shape == read(topk_indices).shape and lse.shape == l1.shape == s.shape[:-1], "shapes"
+        thd, gidx, valid = self._slots("sparse_indexer_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
+                                       cu_seqlens_k, stream)
+        self.calls[-1] += (topk_length is not None, w.dtype == paddle.float32)
+        tq, kk = gidx.shape
+        g = ref_loss.grad_signal(s.reshape([tq, kk]), lse.reshape([tq]), a.reshape([tq, kk]), l1.reshape([tq]),
+                                 valid, c.reshape([]))
+        dq, dk, dw = ref_loss.sparse_backward(_rows(q, thd), _rows(k, thd), _rows(w, thd), g, gidx, valid)
+        write(d_index_q, dq.reshape(q.shape))   # float32 -> bfloat16, as the reference path casts
+        write(d_index_k, dk.reshape(k.shape))   # the whole accumulator (the seam zeroes it, the kernel adds into it)
+        write(d_weights, dw.reshape(w.shape))
+
 
 def poisoned_empty(shape, dtype):
     """_empty for the tests: NaN (int32: -7), so an element the kernel did not write, or a buffer the seam did not
@@ -190,11 +216,29 @@ def poisoned_empty(shape, dtype):
     return paddle.full(list(shape), -7 if dtype == paddle.int32 else float("nan"), dtype=dtype)
 
 
+_inside = [0]
+
+
+def in_fake():
+    """True while a fake seam runs (its host reads stand for the kernel's device reads, not the Paddle side's)."""
+    return _inside[0] > 0
+
+
+def _entered(fn):
+    def call(*args, **kw):
+        _inside[0] += 1
+        try:
+            return fn(*args, **kw)
+        finally:
+            _inside[0] -= 1
+    return call
+
+
 def install(monkeypatch, routed=True):
     """Fake modules for every seam, PORT.is_gpu True, a fixed stream, a poisoned _empty. routed: also route the
     seams that kernels/dsa.py keeps off (ROUTED), so their Paddle side runs too."""
     kernels = FakeKernels()
-    mod = types.SimpleNamespace(**{fn: getattr(kernels, fn) for _, fn in SEAMS.values()})
+    mod = types.SimpleNamespace(**{fn: _entered(getattr(kernels, fn)) for _, fn in SEAMS.values()})
     monkeypatch.setattr(seam, "_MODULES", {name: mod for name in seam._NAMES})
     if routed:
         monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES))

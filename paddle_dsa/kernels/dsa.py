@@ -3,8 +3,8 @@
 One thin function per ops.dsa seam: indexer_scores (ops.dsa.indexer.fwd: indexer_score, dense_indexer_score_
 recompute), topk (ops.dsa.topk.fwd), sparse_indexer_scores (ops.dsa.indexer.sparse), dense_attn_scores
 (ops.dsa.attn_score.dense), sparse_attn_scores (ops.dsa.attn_score.sparse), sparse_attention
-(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward) and sparse_attention_bwd (ops.dsa.sparse_attn.bwd: its
-backward). Contract:
+(ops.dsa.sparse_attn.fwd: the sparse MLA attention forward), sparse_attention_bwd (ops.dsa.sparse_attn.bwd: its
+backward) and sparse_indexer_bwd (ops.dsa.indexer.sparse_bwd: the sparse indexer backward). Contract:
 - every output buffer comes from ``_empty`` uninitialised, is exported writable (never a copy) and is returned as
   it is: the kernel writes every element (tests/test_dsa_kernel_seam.py NaN-poisons ``_empty`` to prove it);
 - the stream is Paddle's current one (PORT.stream_handle); no host sync and no device read here;
@@ -21,13 +21,16 @@ from . import import_kernel
 _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
           "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse",
-          "sparse_attention": "sparse_attn.fwd", "sparse_attention_bwd": "sparse_attn.bwd"}
+          "sparse_attention": "sparse_attn.fwd", "sparse_attention_bwd": "sparse_attn.bwd",
+          "sparse_indexer_bwd": "indexer.sparse_bwd"}
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
 # sparse attention forward since 2026-12-03). Not routed yet: "sparse_attention_bwd" (the sparse attention backward,
 # wired into nn/functional/dsa.py _SparseAttention.backward), routed once tests/gpu/test_dsa_sparse_attn_bwd.py passes
-# on the H200; routing = adding the name here. Until then the backward runs the reference path.
+# on the H200; "sparse_indexer_bwd" (the sparse indexer backward, wired into nn/functional/dsa.py
+# sparse_indexer_backward and the sparse stage of indexer_kl_loss), routed once tests/gpu/test_dsa_indexer_bwd.py
+# passes on the H200. Routing = adding the name here. Until then those backwards run the reference path.
 ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score", "sparse_attention"})
 
 
@@ -170,3 +173,24 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
         stream=PORT.stream_handle(query))
     d_sink = None if d_sink_rows is None else d_sink_rows.reshape([-1, heads]).sum(axis=0)
     return dq, dkv, d_sink
+
+
+def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
+                       grad_scale, *, topk_length, cu_q, cu_k):
+    """(d_index_q bfloat16 shaped like index_q, d_index_k float32 shaped like index_k, d_weights float32 shaped like
+    weights) of the sparse indexer KL loss.
+
+    index_q / index_k bfloat16, weights bfloat16 or float32, topk_indices int32 [B,Sq,K] / [Tq,K]; the statistics
+    float32 in the public layout (index_score / attn_score shaped like topk_indices, index_lse / attn_l1norm its
+    leading shape); grad_scale float32 [1] on the device (loss_coeff * grad_loss / N, computed there by the caller);
+    topk_length int32 or None; cu_q / cu_k device tensors (THD) or None. d_index_k comes from _empty like every
+    output: the seam zeroes it, then accumulates (fp32 atomics). Nothing is read on the host."""
+    dq = _empty(PORT.shape(index_q), paddle.bfloat16)
+    dk = _empty(PORT.shape(index_k), paddle.float32)
+    dw = _empty(PORT.shape(weights), paddle.float32)
+    ex = PORT.export
+    _module("sparse_indexer_bwd").sparse_indexer_bwd(
+        ex(index_q), ex(index_k), ex(weights), ex(topk_indices), ex(index_score), ex(index_lse), ex(attn_score),
+        ex(attn_l1norm), ex(grad_scale), _out(dq), _out(dk), _out(dw), topk_length=_opt(topk_length),
+        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q))
+    return dq, dk, dw

@@ -12,7 +12,11 @@ against ops/dsa/supported.py (ValueError outside it), then (_route):
   other op, the pure-Paddle reference path (paddle_dsa.reference.dsa) runs on the GPU with a one-time warning naming
   what is missing. sparse_attention's backward: after a kernel-route forward, its own seam (sparse_attention_bwd)
   when that is routed (not yet), else the reference path with the warning; after a reference-route forward, the
-  reference path.
+  reference path. sparse_indexer_backward: its seam (sparse_indexer_bwd) when routed (not yet); the sparse stage
+  of indexer_kl_loss: the statistics seams (sparse_indexer, sparse_attn_score) in its forward and backward and
+  sparse_indexer_bwd in its backward when all three are routed (not yet: sparse_indexer_bwd); otherwise both on
+  the reference path with the warning naming the first seam missing. grad_scale = loss_coeff * grad_loss / N is
+  computed on the device there (THD: N = cu_seqlens_q[-1] read by a device op).
 The kernel path reads nothing on the host except THD extents it was not given (max_seqlen_q / max_seqlen_k) and,
 with config.check_cu_seqlens_values on, the cu_seqlens it validates (sparse_attention: in its forward; its backward
 on the reference path reads cu_seqlens to build the slot table, on the backward seam nothing); the reference path
@@ -34,7 +38,7 @@ from ...reference.dsa import sparse_attention as ref_sparse
 from ...reference.dsa import topk as ref_topk
 from . import _dsa_inputs as I
 from . import _saved as S
-from ._empty import empty_attention
+from ._empty import empty_attention, empty_loss
 
 __all__ = [
     "indexer_score",
@@ -401,11 +405,6 @@ def sparse_attention(query, kv, topk_indices, *, v_head_dim=512, softmax_scale=N
 # ----------------------------------------------------------------------------------------------------
 # Indexer training pieces (no autograd: the building blocks of indexer_kl_loss)
 # ----------------------------------------------------------------------------------------------------
-def _sparse_setup(op, seq, topk_indices, topk_length, place_tensor, ref_name="index_q"):
-    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, place_tensor, ref_name)
-    return _slots(seq, idx, tl, place_tensor) + (k,)
-
-
 def _slots(seq, idx, tl, place_tensor):
     """The reference path's (layout, global slot index, slot validity) of checked [Tq, K] top-k indices."""
     layout = seq.layout()
@@ -484,6 +483,29 @@ def _public_grads(seq, index_q, index_k, weights, dq, dk, dw):
     shp = lambda t: list(PORT.shape(t))  # noqa: E731
     return (dq.astype(index_q.dtype).reshape(shp(index_q)), dk.astype(index_k.dtype).reshape(shp(index_k)),
             dw.astype(weights.dtype).reshape(shp(weights)))
+
+
+def _cast_grads(inputs, grads):
+    """Kernel-route gradients (d_index_k / d_weights float32 from the seam) in their inputs' dtypes, as the
+    reference path casts its float32 gradients; a gradient already in that dtype is returned as it is."""
+    return tuple(g if g.dtype == x.dtype else g.astype(x.dtype) for x, g in zip(inputs, grads))
+
+
+def _device_norm(seq, value, loss_coeff):
+    """value (a float32 [1] device tensor: the loss sum, or grad_loss) * loss_coeff / N, float32 [1], with no host
+    read: N = B * Sq (BSHD: from the shapes) or cu_seqlens_q[-1] (THD: a device slice); 0 where N = 0. The same
+    float32 product as the reference's value * (loss_coeff / N) (the ratio rounded once from float64)."""
+    if not seq.thd:
+        return value * (float(loss_coeff) / seq.tq)
+    n = seq.cu_tensors[0][-1:].astype(paddle.float64)
+    has = n > 0
+    ratio = (float(loss_coeff) / paddle.where(has, n, paddle.ones_like(n))).astype(_F32)
+    return paddle.where(has, value * ratio, paddle.zeros_like(value))
+
+
+def _device_grad_scale(loss_coeff, grad_loss, seq):
+    """The seams' grad_scale: float32 [1] = loss_coeff * grad_loss / N on the device (grad_loss a device tensor)."""
+    return _device_norm(seq, grad_loss.astype(_F32).reshape([1]), loss_coeff)
 
 
 def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_loss, *,
@@ -569,18 +591,28 @@ def sparse_indexer_backward(index_q, index_k, weights, topk_indices, index_score
                             grad_loss, *, loss_coeff=1.0, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Gradients of the sparse-stage indexer KL loss: dense_indexer_backward restricted to each row's valid
     top-k slots (index_score etc. [B, Sq, K] from the sparse recompute pieces); d_index_k is scatter-added
-    (once per slot)."""
+    (once per slot). On a CUDA place with the sparse_indexer_bwd seam routed: that kernel, grad_scale computed on
+    the device (no host read); no query row, key or slot: zero gradients built in Paddle."""
     op = "sparse_indexer_backward"
     _start(op)
     seq, _, _, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
-    layout, gidx, valid, k = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+    idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, index_q, "index_q")
     s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
                                       (index_score, index_lse, attn_score, attn_l1norm), k)
     V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
     gl = I.check_grad_loss(op, grad_loss, index_q)
     coeff = I.check_loss_coeff(op, loss_coeff)
-    _gpu(op, on_gpu)
+    route = _route(op, on_gpu, "sparse_indexer_bwd", seq.tq == 0 or seq.tk == 0 or k == 0)
     with paddle.no_grad():
+        if route == "empty":                # no row, no slot, or no key (every slot invalid): zero gradients
+            return tuple(paddle.zeros(list(PORT.shape(t)), dtype=t.dtype) for t in (index_q, index_k, weights))
+        if route == "kernel":               # public-layout tensors, grad_scale on the device: no host read
+            cu_q, cu_k = seq.cu_tensors
+            dq, dk, dw = gpu.sparse_indexer_bwd(
+                index_q, index_k, weights, topk_indices, _f32(index_score), _f32(index_lse), _f32(attn_score),
+                _f32(attn_l1norm), _device_grad_scale(coeff, gl, seq), topk_length=topk_length, cu_q=cu_q, cu_k=cu_k)
+            return _cast_grads((index_q, index_k, weights), (dq, dk, dw))
+        layout, gidx, valid = _slots(seq, idx, tl, index_q)
         iq, ik, w = _index_rows(seq, index_q, index_k, weights)
         ct = C.compute_dtype(index_q)
         g = ref_loss.grad_signal(s.astype(ct), lse, a, l1, valid, _grad_scale(coeff, gl, layout.norm_rows, ct))
@@ -597,26 +629,90 @@ def _sparse_kl_pieces(cfg, iq, ik, w, q, kv, lse):
     return s, ref_index.index_lse(s, cfg.valid), a, l1
 
 
+def _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse):
+    """(index_score, index_lse, attn_score, attn_l1norm) float32 in the public layout, from the routed statistics
+    seams (kernels/dsa.py sparse_indexer_scores, sparse_attn_scores): no host read."""
+    idx, tl = slots["topk_indices"], slots.get("topk_length")
+    cu_q, cu_k = slots.get("cu_seqlens_q"), slots.get("cu_seqlens_k")
+    s, ilse = gpu.sparse_indexer_scores(iq, ik, w, idx, tl, cu_q, cu_k)
+    a, l1 = gpu.sparse_attn_scores(q, kv, lse, idx, scale=cfg.scale, topk_length=tl, cu_q=cu_q, cu_k=cu_k)
+    return s, ilse, a, l1
+
+
+def _device_valid(seq, topk_indices, topk_length, cu_q, cu_k):
+    """bool [Tq, K]: reference._common.slot_validity's `valid` computed on the device (no host read): 0 <= index <
+    the key count of the row's sequence (BSHD Sk; THD from cu_seqlens_k, 0 for rows at or past
+    cu_seqlens_q[-1]) and, with topk_length, position < topk_length."""
+    k = PORT.shape(topk_indices)[-1]
+    idx = topk_indices.reshape([seq.tq, k])
+    if seq.thd:
+        rows = paddle.arange(seq.tq, dtype=cu_q.dtype)
+        # the row's sequence b (cu_q[b] <= row < cu_q[b + 1]); b = batch for a row past the last sequence
+        b = paddle.searchsorted(cu_q[1:], rows, right=True)
+        lens = paddle.concat([cu_k[1:] - cu_k[:-1], paddle.zeros([1], dtype=cu_k.dtype)])
+        length = paddle.gather(lens, b).reshape([seq.tq, 1])
+    else:
+        length = seq.sk
+    valid = paddle.logical_and(idx >= 0, idx < length)
+    if topk_length is not None:
+        pos = paddle.arange(k, dtype=topk_length.dtype).unsqueeze(0)
+        valid = paddle.logical_and(valid, pos < topk_length.reshape([seq.tq, 1]))
+    return valid
+
+
+_KL_SLOTS = ("topk_indices", "topk_length", "cu_seqlens_q", "cu_seqlens_k")
+
+
 class _IndexerKLLoss(paddle.autograd.PyLayer):
-    """apply(index_q, index_k, weights, query, kv, softmax_lse (token-major rows), cfg) -> f32 scalar."""
+    """apply(index_q, index_k, weights, query, kv, softmax_lse, cfg) -> f32 scalar.
+
+    Reference route (cfg.kernel False): token-major rows (softmax_lse [Tq, H]); cfg holds the layout and, for the
+    sparse stage, the slot table. Kernel route (cfg.kernel True, sparse stage only): the tensors in the public
+    layout (softmax_lse float32 [B,H,Sq] / [H,Tq]); the forward takes the statistics from the routed seams and
+    reduces them to the loss in Paddle (slot mask and N on the device), the backward recomputes them through the
+    same seams and calls sparse_indexer_bwd with grad_scale computed on the device: no host read, no device-to-host
+    sync. The slot tensors (topk_indices, topk_length, cu_seqlens) are saved with the rest (in-place guard)."""
 
     @staticmethod
     def forward(ctx, iq, ik, w, q, kv, lse, cfg):
-        if cfg.sparse:
+        names, tensors = ["index_q", "index_k", "weights", "query", "kv", "softmax_lse"], [iq, ik, w, q, kv, lse]
+        if cfg.kernel:
+            slots = {n: t for n, t in zip(_KL_SLOTS, cfg.slots) if t is not None}
+            s, ilse, a, l1 = _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse)
+            seq, kk = cfg.seq, PORT.shape(s)[-1]
+            valid = _device_valid(seq, slots["topk_indices"], slots.get("topk_length"), slots.get("cu_seqlens_q"),
+                                  slots.get("cu_seqlens_k"))
+            total = ref_loss.loss_total(s.reshape([seq.tq, kk]), ilse.reshape([seq.tq]), a.reshape([seq.tq, kk]),
+                                        l1.reshape([seq.tq]), valid)
+            loss = _device_norm(seq, total.reshape([1]), cfg.loss_coeff).reshape([])
+            ctx.slot_names = tuple(slots)
+            names += list(slots)
+            tensors += list(slots.values())
+        elif cfg.sparse:
             s, ilse, a, l1 = _sparse_kl_pieces(cfg, iq, ik, w, q, kv, lse)
             loss = ref_loss.loss_value(s, ilse, a, l1, cfg.valid, cfg.loss_coeff, cfg.layout.norm_rows)
         else:   # dense: row chunk by row chunk, no [Tq, width] intermediate
             loss = ref_loss.dense_loss(iq, ik, w, q, kv, lse, cfg.scale, cfg.layout, cfg.limits, cfg.loss_coeff)
         ctx.cfg = cfg
         ctx.want = tuple(PORT.needs_grad(t) for t in (iq, ik, w))
-        S.save(ctx, "indexer_kl_loss", ("index_q", "index_k", "weights", "query", "kv", "softmax_lse"),
-               (iq, ik, w, q, kv, lse))
+        S.save(ctx, "indexer_kl_loss", tuple(names), tuple(tensors))
         return loss.astype(_F32)
 
     @staticmethod
     def backward(ctx, dloss):
-        iq, ik, w, q, kv, lse = S.load(ctx)
+        saved = S.load(ctx)
+        iq, ik, w, q, kv, lse = saved[:6]
         cfg = ctx.cfg
+        if cfg.kernel:
+            slots = dict(zip(ctx.slot_names, saved[6:]))
+            stats = _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse)
+            c = _device_grad_scale(cfg.loss_coeff, dloss, cfg.seq)
+            dq, dk, dw = gpu.sparse_indexer_bwd(iq, ik, w, slots["topk_indices"], *stats, c,
+                                                topk_length=slots.get("topk_length"),
+                                                cu_q=slots.get("cu_seqlens_q"), cu_k=slots.get("cu_seqlens_k"))
+            del stats               # the [Tq, K] statistics are not needed for the casts
+            grads = _cast_grads((iq, ik, w), (dq, dk, dw))
+            return tuple(gr if want else None for gr, want in zip(grads, ctx.want)) + (None, None, None)
         ct = C.compute_dtype(iq)
         c = _grad_scale(cfg.loss_coeff, dloss.reshape([]), cfg.layout.norm_rows, ct)
         if cfg.sparse:
@@ -627,6 +723,23 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
             dq, dk, dw = ref_loss.dense_loss_backward(iq, ik, w, q, kv, lse, cfg.scale, cfg.layout, cfg.limits, c)
         grads = (dq.astype(iq.dtype), dk.astype(ik.dtype), dw.astype(w.dtype))
         return tuple(gr if want else None for gr, want in zip(grads, ctx.want)) + (None, None, None)
+
+
+def _kl_route(op, on_gpu, sparse, empty):
+    """indexer_kl_loss's route: "kernel" for the sparse stage on a GPU place when sparse_indexer, sparse_attn_score
+    and sparse_indexer_bwd all serve it (else the reference path, warning with the first reason); the dense stage
+    has no kernel (reference, warning); "empty" for a sparse problem with no row, key or slot (any place, no
+    warning: loss 0 and zero gradients built in Paddle)."""
+    if not sparse:
+        _gpu(op, on_gpu)
+        return "reference"
+    if empty:
+        return "empty"
+    if not on_gpu:
+        return "reference"
+    why = next(filter(None, (gpu.missing(w) for w in ("sparse_indexer", "sparse_attn_score", "sparse_indexer_bwd"))),
+               None)
+    return _route(op, on_gpu, "sparse_indexer_bwd", why_not=why)
 
 
 def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_indices=None, topk_length=None,
@@ -651,21 +764,31 @@ def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_i
     _, h, dqk = I.check_attention(op, query, kv, seq, cu_seqlens_q, cu_seqlens_k)
     V.check_same_place(op, ("index_q", "query"), (index_q, query))
     scale = V.check_scale(op, "softmax_scale", softmax_scale, 1.0 / math.sqrt(dqk))
-    lse = I.lse_rows(op, seq, softmax_lse, h, query)
+    I.check_lse(op, seq, softmax_lse, h, query)
     causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
     coeff = I.check_loss_coeff(op, loss_coeff)
     if topk_indices is None and topk_length is not None:
         V.fail(op, "`topk_length` needs `topk_indices` (it limits the top-k slots of the sparse stage)")
     if on_gpu:
         I.check_attention_table(op, query, h, dqk)
-    _gpu(op, on_gpu)
-    cfg = _Cfg(scale=scale, loss_coeff=coeff, sparse=topk_indices is not None)
+    cfg = _Cfg(scale=scale, loss_coeff=coeff, sparse=topk_indices is not None, kernel=False)
     if cfg.sparse:
-        cfg.layout, cfg.gidx, cfg.valid, _ = _sparse_setup(op, seq, topk_indices, topk_length, index_q)
+        idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, index_q, "index_q")
+    route = _kl_route(op, on_gpu, cfg.sparse, cfg.sparse and (seq.tq == 0 or seq.tk == 0 or k == 0))
+    if route == "empty":    # nothing to sum: the reference path's 0 and zero gradients, without its arithmetic
+        return empty_loss((index_q, index_k, weights))
+    if route == "kernel":   # public-layout tensors; the attention side a detached constant, as below
+        cfg.kernel, cfg.seq = True, seq
+        cfg.slots = (topk_indices, topk_length) + seq.cu_tensors
+        const = (query.detach(), kv.detach(), _f32(softmax_lse).detach())
+        return _IndexerKLLoss.apply(index_q, index_k, weights, *const, cfg)
+    if cfg.sparse:
+        cfg.layout, cfg.gidx, cfg.valid = _slots(seq, idx, tl, index_q)
     else:
         cfg.layout = seq.layout(q_offsets)
         cfg.limits = C.row_limits(cfg.layout, causal, ratio)
     iq, ik, w = _index_rows(seq, index_q, index_k, weights)
     # The attention side is a constant: detached, so no gradient node is ever asked for it.
+    lse = I.lse_rows(op, seq, softmax_lse, h, query)
     const = (I.flat_rows(seq, query).detach(), I.flat_rows(seq, kv).detach(), lse.detach())
     return _IndexerKLLoss.apply(iq, ik, w, *const, cfg)

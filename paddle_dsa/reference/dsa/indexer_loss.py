@@ -43,20 +43,28 @@ def loss_sum(index_score, index_lse, attn_score, attn_l1norm, mask):
     return term.sum()
 
 
-def loss_value(index_score, index_lse, attn_score, attn_l1norm, mask, loss_coeff, norm_rows):
-    """Scalar tensor in the compute dtype of index_score: the clamped KL above, row chunk by row chunk
+def loss_total(index_score, index_lse, attn_score, attn_l1norm, mask):
+    """Scalar tensor in the compute dtype of index_score: loss_sum of [R, W] rows, row chunk by row chunk
     (temporaries within dense_budget elements)."""
     ct = index_score.dtype
-    if index_score.shape[-1] == 0 or norm_rows == 0:
-        return paddle.zeros([], dtype=ct)
     r, w = index_score.shape
     total = paddle.zeros([], dtype=ct)
+    if w == 0:
+        return total
     rows = C.row_chunk(r, w, C.dense_budget(index_score))
     for r0 in range(0, r, rows):
         r1 = min(r, r0 + rows)
         total = total + loss_sum(index_score[r0:r1], index_lse[r0:r1], attn_score[r0:r1], attn_l1norm[r0:r1],
                                  mask[r0:r1])
-    return total * (float(loss_coeff) / norm_rows)
+    return total
+
+
+def loss_value(index_score, index_lse, attn_score, attn_l1norm, mask, loss_coeff, norm_rows):
+    """Scalar tensor in the compute dtype of index_score: the clamped KL above (loss_total scaled by
+    loss_coeff / norm_rows; 0 when norm_rows is 0)."""
+    if index_score.shape[-1] == 0 or norm_rows == 0:
+        return paddle.zeros([], dtype=index_score.dtype)
+    return loss_total(index_score, index_lse, attn_score, attn_l1norm, mask) * (float(loss_coeff) / norm_rows)
 
 
 def grad_signal(index_score, index_lse, attn_score, attn_l1norm, mask, c):
