@@ -71,7 +71,7 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
                     d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
     from ...common.fill_sm90 import fill_f32
     from ...common.tensors import arg_tensor, stream_handle
-    from .fwd import SparseAttnCall
+    from .fwd import SparseAttnCall, checked_scale
     call = SparseAttnCall(query, kv, topk_indices, out, softmax_lse, attn_sink, topk_length, cu_seqlens_q,
                           cu_seqlens_k)
     at, rows, H = call.at, call.rows, call.heads
@@ -97,9 +97,7 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
         if dla.shape != at["softmax_lse"].shape:
             raise ValueError(f"dlse: expected shape {at['softmax_lse'].shape} (as softmax_lse), got {dla.shape}")
         dla.require_inner_contiguous(4)
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    scale = checked_scale(softmax_scale)
     n_kv = 1
     for d in dkva.shape:
         n_kv *= d

@@ -136,14 +136,20 @@ class SparseAttnCall:
         la.require_inner_contiguous(4)
 
 
+def checked_scale(softmax_scale):
+    """softmax_scale as a float; a non-finite one is a ValueError (both sparse attention seams)."""
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return scale
+
+
 def sparse_attn_fwd(query, kv, topk_indices, out, softmax_lse, *, softmax_scale, attn_sink=None, topk_length=None,
                     cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
     from ...common.tensors import stream_handle
     call = SparseAttnCall(query, kv, topk_indices, out, softmax_lse, attn_sink, topk_length, cu_seqlens_q,
                           cu_seqlens_k)
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    scale = checked_scale(softmax_scale)
     if call.empty:
         return
     fn = compile_variant(variant_key(call.head_dim, call.v_head_dim, call.heads, call.varlen,
