@@ -33,7 +33,8 @@ def test_ptx(tmp_path):
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4          # X^T, dq^T, dk: 2 chunks each
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 4
-    assert text.count("red.relaxed.gpu.global.add.f32") == 2 * 32
+    assert text.count("red.relaxed.gpu.global.add.v4.f32") == 2 * 8         # 32 values a tile, 4 a request
+    assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
 
 

@@ -51,7 +51,8 @@ def test_bwd_ptx(tmp_path):
     # per consumer code path: S (36) or dP (32), dq (4 or 5 chunks x 2), dkv^T (5 or 4 tiles: 4 + 4 where V exists)
     assert text.count("wgmma.mma_async") == (36 + 4 * 2 + 4 * 8 + 4) + (32 + 5 * 2 + 4 * 8)
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 2
-    assert text.count("red.relaxed.gpu.global.add.f32") == (5 + 4) * 16
+    assert text.count("red.relaxed.gpu.global.add.v4.f32") == (5 + 4) * 4      # 16 values a tile, 4 a request
+    assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
 
 

@@ -300,7 +300,9 @@ def sparse_attention_bwd(q, kv, scale, idx, out, dout, lse, *, dv=512, sink=None
             m = valid[r0:r1]
             dkv.index_add_(0, grow[r0:r1][m], contrib[m])
             if sk is not None:
-                dsink[r0:r1] = -torch.exp(torch.clamp(sk.view(1, -1) - lsep, max=0.0)) * delta
+                ps = torch.exp(torch.clamp(sk.view(1, -1) - lsep, max=0.0))
+                ps = torch.where(torch.isneginf(sk).view(1, -1), torch.zeros_like(ps), ps)    # no -inf - -inf
+                dsink[r0:r1] = -ps * delta
         dq = bf(dq)
         return dq.reshape(q.shape), dkv.reshape(kv.shape), None if sink is None else dsink.reshape(*q.shape[:-2], H)
     finally:

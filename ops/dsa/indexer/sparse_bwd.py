@@ -49,7 +49,7 @@ def fake_args(key):
     lse, l1 = fake_tensor(f32, lead, 1, 4), fake_tensor(f32, lead, 1, 4)
     c = fake_tensor(f32, (1,), 1, 4)
     dq = fake_tensor(bf, lead + (H, D), 1, 2)
-    dk = fake_tensor(f32, lead + (D,), 1, 4)
+    dk = fake_tensor(f32, lead + (D,), 4, 16)       # contiguous, 16-byte aligned (red.v4)
     dw = fake_tensor(f32, lead + (H,), 1, 4)
     cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
     return (q, k, w, idx, length, s, lse, a, l1, c, dq, dk, dw, cu(), cu(), make_fake_stream())

@@ -20,7 +20,8 @@ its own (no per-block cross-warpgroup barrier):
   X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots, d_weights
   partials, dA (bf16) to its own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
   dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
-  red.global.add at the valid keys' rows; dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the
+  red.global.add.v4.f32 at the valid keys' rows (lane pairs swap a column pair first: ops/common/vector_red_sm90.py
+  pair_rows); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the
   chunks read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
 After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 8 consumer warps
 through sDW in a fixed order; consumer 1's dq^T partial goes through sDQ (fp32, its accumulator order) and consumer 0
@@ -34,7 +35,8 @@ Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16
 d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam, accumulated), d_weights fp32 [B,Sq,Hi].
 THD: the same without B, cu_seqlens_q/k int32 [batch+1]; rows at or past cu_seqlens_q[-1]: dq 0, d_weights 0.
 
-Status: written 2026-12-03, CPU only (compiles for sm_90a); not yet run on the H200.
+Status: H200 2026-12-03: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
+top-k 2048, Hi 64, Di 128: 2.59 ms against cuDNN frontend's 1.95 ms (docs/performance.md).
 """
 import math
 
@@ -49,6 +51,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
+from ...common.vector_red_sm90 import pair_rows, red_add_v4
 from ...common.softmax import acc_mn_view
 
 BK = 64
@@ -303,6 +306,8 @@ class SparseIndexerBwdSm90(BlockGather):
         krow = cute.make_rmem_tensor((2,), Int32)
         kval = cute.make_rmem_tensor((2,), cutlass.Boolean)
         kpc = DC // 16
+        odd_i = lane & 1                # pair_rows: the even lane adds row 0's columns, the odd lane row 1's
+        odd = odd_i != 0
         cute.arch.mbarrier_wait(q_bar, 0)
         for n in cutlass.range(w, n_blk, 2, unroll=1):
             # ---- X^T = K Q^T
@@ -328,6 +333,8 @@ class SparseIndexerBwdSm90(BlockGather):
                 krow[r] = k_off + kidx
                 kval[r] = valid
             warpgroup.wait_group(0)
+            kv_mine = cutlass.select_(odd, kval[1], kval[0])    # the dk row this lane adds (pair_rows)
+            kr_mine = cutlass.select_(odd, krow[1], krow[0])
             # ---- d_weights partials, dA (bf16) to sdA[w]
             x_mn = acc_mn_view(acc_x)
             for r in cutlass.range_constexpr(2):
@@ -360,12 +367,12 @@ class SparseIndexerBwdSm90(BlockGather):
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 k_mn = acc_mn_view(acc_k)
-                for r in cutlass.range_constexpr(2):
-                    if kval[r]:
-                        for ci in cutlass.range_constexpr(cute.size(k_mn, mode=[1])):
-                            col = ch * DC + k_id[r, ci][1]
-                            ptr = mdK.iterator + cute.crd2idx((krow[r], col, batch), mdK.layout)
-                            cute.arch.red(ptr, k_mn[r, ci], op="add", dtype=Float32, sem="relaxed", scope="gpu")
+                for j in cutlass.range_constexpr(cute.size(k_mn, mode=[1]) // 2):     # column pairs 8 j + ...
+                    y0, y1, y2, y3 = pair_rows(k_mn[0, 2 * j], k_mn[0, 2 * j + 1], k_mn[1, 2 * j],
+                                               k_mn[1, 2 * j + 1], odd)
+                    if kv_mine:
+                        col = ch * DC + k_id[0, 2 * j][1] - 2 * odd_i
+                        red_add_v4(mdK.iterator + cute.crd2idx((kr_mine, col, batch), mdK.layout), y0, y1, y2, y3)
             warpgroup.wait_group(0)
             for ch in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.chunk_state(n, ch, False))

@@ -50,7 +50,7 @@ def fake_args(key):
     lse = fake_tensor(f32, lse_shape, 1, 4)
     dlse = fake_tensor(f32, lse_shape, 1, 4) if has_dlse else None
     dq = fake_tensor(bf, lead + (H, D), 1, 2)
-    dkv = fake_tensor(f32, lead + (D,), 1, 4)
+    dkv = fake_tensor(f32, lead + (D,), 4, 16)      # contiguous, 16-byte aligned (red.v4)
     dsink = fake_tensor(f32, lead + (H,), 1, 4) if has_sink else None
     cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
     return (q, kv, idx, length, sink, out, dout, lse, dlse, dq, dkv, dsink, cu(), cu(), f32(1.0), make_fake_stream())
