@@ -281,11 +281,12 @@ def test_sparse_attention(rng, fake, monkeypatch, thd, extras, upstream):
 
 @pytest.mark.parametrize("thd", [False, True])
 def test_sparse_attention_backward_unrouted_stays_on_reference(rng, monkeypatch, thd):
-    """As shipped (ROUTED without "sparse_attention_bwd"): the forward on the kernel seam, the backward on the
-    reference path (kernel route: rows and the slot table rebuilt there) with a warning naming the unrouted backward
-    kernel; every result equals the reference path's bit for bit."""
+    """With "sparse_attention_bwd" taken out of ROUTED (the fallback while a backward kernel is off): the forward on
+    the kernel seam, the backward on the reference path (kernel route: rows and the slot table rebuilt there) with a
+    warning naming the unrouted backward kernel; every result equals the reference path's bit for bit."""
     kernels = install(monkeypatch, routed=False)
-    assert "sparse_attention" in seam.ROUTED and "sparse_attention_bwd" not in seam.ROUTED
+    monkeypatch.setattr(seam, "ROUTED", seam.ROUTED - {"sparse_attention_bwd"})
+    assert "sparse_attention" in seam.ROUTED
     q, kv, idx, kw = _sparse_attention_case(rng, thd, True)
     dout, dlse = _upstream(rng, q, kw)
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
@@ -394,10 +395,10 @@ def test_sparse_indexer_backward_float64_stats_and_no_counted_row(rng, fake, mon
 
 
 def test_sparse_indexer_backward_unrouted_stays_on_reference(rng, monkeypatch):
-    """As shipped (ROUTED without "sparse_indexer_bwd"): the reference path on the GPU, with a warning naming the
+    """With "sparse_indexer_bwd" taken out of ROUTED: the reference path on the GPU, with a warning naming the
     unrouted kernel, once; its gradients equal the reference path's."""
     kernels = install(monkeypatch, routed=False)
-    assert "sparse_indexer_bwd" not in seam.ROUTED
+    monkeypatch.setattr(seam, "ROUTED", seam.ROUTED - {"sparse_indexer_bwd"})
     ind, att, idx, kw = _sparse_index_case(rng, True, True, "bfloat16")
     stats = _sparse_stats(ind, att, idx, kw)
     kernels.calls.clear()
@@ -439,9 +440,11 @@ def test_indexer_kl_loss_sparse_kernel_route(rng, fake, monkeypatch, thd, with_l
 
 
 def test_indexer_kl_loss_sparse_stage_unrouted_stays_on_reference(rng, monkeypatch):
-    """As shipped: the sparse stage runs forward and backward on the reference path (no seam called), with one
-    warning naming the unrouted backward kernel; the dense stage still has no kernel at all."""
+    """With "sparse_indexer_bwd" taken out of ROUTED: the sparse stage runs forward and backward on the reference
+    path (no seam called), with one warning naming the unrouted backward kernel; the dense stage still has no kernel
+    at all."""
     kernels = install(monkeypatch, routed=False)
+    monkeypatch.setattr(seam, "ROUTED", seam.ROUTED - {"sparse_indexer_bwd"})
     ind, att, idx, kw = _sparse_index_case(rng, True, True, "float32")
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
     with pytest.warns(UserWarning, match="paddle_dsa.indexer_kl_loss: the paddle_dsa.ops.dsa.indexer.sparse_bwd "
@@ -709,13 +712,12 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     """A seam left out of kernels/dsa.py ROUTED (here sparse_attention's and the attention-score recomputes', taken
     out) and the ops with no kernel run the reference path with a warning saying why, even with every module present;
-    as shipped every seam is routed but the two backward seams (sparse attention, sparse indexer: their H200 runs are
-    pending; the shipped fallbacks: test_sparse_attention_backward_unrouted_stays_on_reference,
-    test_sparse_indexer_backward_unrouted_stays_on_reference, test_indexer_kl_loss_sparse_stage_unrouted_stays_on_
-    reference). An unrouted sparse_attention gives the CPU reference path's results, and its backward stays on the
+    as shipped every seam is routed (the backward seams' fallbacks: test_sparse_attention_backward_unrouted_stays_on_
+    reference, test_sparse_indexer_backward_unrouted_stays_on_reference, test_indexer_kl_loss_sparse_stage_unrouted_
+    stays_on_reference). An unrouted sparse_attention gives the CPU reference path's results, and its backward stays on the
     reference path even with the backward seam routed (the backward seam serves only a kernel-route forward).
     indexer_kl_loss's sparse stage names the first of its three seams that is not routed."""
-    assert seam.ROUTED == set(seam._NAMES) - {"sparse_attention_bwd", "sparse_indexer_bwd"}
+    assert seam.ROUTED == set(seam._NAMES)
     kernels = install(monkeypatch, routed=False)
     monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))

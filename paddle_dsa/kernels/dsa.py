@@ -26,12 +26,10 @@ _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "index
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
-# sparse attention forward since 2026-12-03). Not routed yet: "sparse_attention_bwd" (the sparse attention backward,
-# wired into nn/functional/dsa.py _SparseAttention.backward), routed once tests/gpu/test_dsa_sparse_attn_bwd.py passes
-# on the H200; "sparse_indexer_bwd" (the sparse indexer backward, wired into nn/functional/dsa.py
-# sparse_indexer_backward and the sparse stage of indexer_kl_loss), routed once tests/gpu/test_dsa_indexer_bwd.py
-# passes on the H200. Routing = adding the name here. Until then those backwards run the reference path.
-ROUTED = frozenset({"indexer", "topk", "sparse_indexer", "attn_score", "sparse_attn_score", "sparse_attention"})
+# sparse attention forward since 2026-12-03; the sparse attention backward and the sparse indexer backward since their
+# suites, tests/gpu/test_dsa_sparse_attn_bwd.py and test_dsa_indexer_bwd.py, passed on 2026-12-03). Routing = naming
+# the seam here; a seam taken out runs the reference path with a one-time warning.
+ROUTED = frozenset(_NAMES)
 
 
 def _module(which):

@@ -238,7 +238,7 @@ class _SparseAttention(paddle.autograd.PyLayer):
     Kernel route (cfg.kernel True): query / kv as the caller passed them; the forward is the ops.dsa seam
     (kernels/dsa.py sparse_attention: no host read, no device-to-host sync) and returns out and softmax_lse in the
     public layout. Its backward is the backward seam (kernels/dsa.py sparse_attention_bwd, on the saved public-layout
-    tensors: no host read, no device-to-host sync) when that seam is routed (kernels/dsa.py ROUTED; not yet), else
+    tensors: no host read, no device-to-host sync) when that seam is routed (kernels/dsa.py ROUTED: it is), else
     the reference path's: it flattens to rows and builds the slot table lazily, there (for THD that reads cu_seqlens
     on the host: a device-to-host copy in the backward), with the one-time warning naming why. The tensors the
     slots come from (topk_indices, topk_length, cu_seqlens) are saved with the rest, so an in-place change to them
