@@ -10,10 +10,10 @@ against cuDNN frontend 1.32.0's sm90 sparse_attention_backward_wrapper in the sa
 H 64 on 2026-12-02). Timing: bench/timing.device_time (median of CUDA-event times).
 The eager peer: per chunk of 128 rows, gather kv[idx] ([R, K, Dqk] bf16), bf16 matmuls with fp32 softmax.
 
---variants LAG:AHEAD ... times our kernel once per setting (SparseAttnFwdSm90.LAG: chunks of cp.async in flight per
-producer thread; .QK_AHEAD 0/1: Q K^T of the next block issued behind this block's P V), the peer once.
+--lags N ... times our kernel once per producer lag (SparseAttnFwdSm90.LAG: chunks of cp.async in flight per producer
+thread), the peer once.
 --ncu: the first row's kernel once, for `ncu --launch-count 1`.
-Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--variants 3:0 3:1 ...] [--ncu] [--bwd]
+Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--lags 3 6 ...] [--ncu] [--bwd]
 """
 import argparse
 import csv
@@ -159,13 +159,12 @@ def main(a):
                 wr.writeheader()
                 wr.writerows(out)
         return
-    variants = a.variants or [None]
+    variants = a.lags or [None]
     for v in variants:
         if v is not None:
-            lag, ahead = (int(x) for x in v.split(":"))
-            fwd_sm90.SparseAttnFwdSm90.LAG, fwd_sm90.SparseAttnFwdSm90.QK_AHEAD = lag, bool(ahead)
+            fwd_sm90.SparseAttnFwdSm90.LAG = v
             fwd._CACHE.clear()
-            print(f"# LAG {lag} QK_AHEAD {bool(ahead)}", flush=True)
+            print(f"# LAG {v}", flush=True)
         for name, shape in rows:
             run_row(name, shape, a, v == variants[0], out)
     if a.csv:
@@ -180,7 +179,7 @@ if __name__ == "__main__":
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--csv", default=None)
     p.add_argument("--rows", nargs="*", default=None)
-    p.add_argument("--variants", nargs="*", default=None)
+    p.add_argument("--lags", nargs="*", type=int, default=None)
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--bwd", action="store_true")
     main(p.parse_args())

@@ -233,30 +233,23 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("lag,qk_ahead", [(1, False), (8, False), (3, True), (8, True)])
-def test_schedules(monkeypatch, lag, qk_ahead):
-    """Producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in flight before the oldest is published) and the
-    consumer schedule (QK_AHEAD: Q K^T of the next block issued behind this block's P V) give bitwise the default's
-    results: dense with topk_length and invalid blocks (odd and even block counts), THD."""
+@pytest.mark.parametrize("lag", [1, 8])
+def test_schedules(monkeypatch, lag):
+    """Producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in flight before the oldest is published) give
+    bitwise the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
-    default = (cls.LAG, cls.QK_AHEAD)
+    default = cls.LAG
     H, D, Sq, Skv, K = 128, 576, 30, 900, 320
     q, kv = inputs((2, Sq), Skv, H, D, 77)
     idx = indices((2, Sq), K, Skv)
     idx[1, 4, 64:192] = -1
     tl = torch.randint(0, K + 5, (2, Sq), device=DEV, dtype=torch.int32)
-    for setting in ((lag, qk_ahead), default):
-        monkeypatch.setattr(cls, "LAG", setting[0])
-        monkeypatch.setattr(cls, "QK_AHEAD", setting[1])
+    for setting in (lag, default):
+        monkeypatch.setattr(cls, "LAG", setting)
         monkeypatch.setattr(fwd, "_CACHE", {})
         if setting != default:
             o1, l1 = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
         else:
             o0, l0 = run(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
     assert torch.equal(o0, o1) and torch.equal(l0, l1), "schedules differ bitwise"
-    if qk_ahead:
-        monkeypatch.setattr(cls, "QK_AHEAD", True)
-        monkeypatch.setattr(fwd, "_CACHE", {})
-        test_thd(64, 512)
-        test_sink(128)

@@ -82,7 +82,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published (< NC);
     #                H200 2026-12-03: 3, 6 and 8 within 1 % (the producer is not what limits this kernel)
-    QK_AHEAD = False   # issue Q K^T(n + 1) behind P V(n) (consume()); written 2026-12-03, not yet run on the H200
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -244,34 +243,15 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
         cute.arch.mbarrier_wait(q_bar, 0)
         blk = (mIdx, batch, row, row_len, seqlen_k)
-        if cutlass.const_expr(not self.QK_AHEAD):
-            for n in cutlass.range(n_blk, unroll=1):
-                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, HALF)))
-                self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, w)
-                self.load_valid(valid, s_id, blk, n, w)
-                warpgroup.wait_group(0)
-                self.softmax_pv(acc_s, valid, s_id, sRed, sP2, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
-                                scale_log2, n, w, quad)
-                warpgroup.wait_group(0)
-                self.release(pipe, n)
-        else:
-            # Q K^T of block n + 1 issued right behind P V of block n (the S fragment is free once block n's P is in
-            # sP): the tensor cores run them back to back. Block n + 1's rows have been in flight since block
-            # n - 1's release; block n is released once its P V retired (wait_group 1: Q K^T(n + 1) may pend).
+        for n in cutlass.range(n_blk, unroll=1):
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, HALF)))
-            if n_blk > 0:
-                self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, Int32(0), w)
-            for n in cutlass.range(n_blk, unroll=1):
-                self.load_valid(valid, s_id, blk, n, w)
-                warpgroup.wait_group(0)                  # S(n) (and P V(n - 1), retired already)
-                self.softmax_pv(acc_s, valid, s_id, sRed, sP2, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
-                                scale_log2, n, w, quad)
-                if n + 1 < n_blk:
-                    self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 1, w)
-                    warpgroup.wait_group(1)              # P V(n) retired
-                else:
-                    warpgroup.wait_group(0)
-                self.release(pipe, n)
+            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, w)
+            self.load_valid(valid, s_id, blk, n, w)
+            warpgroup.wait_group(0)
+            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
+                            scale_log2, n, w, quad)
+            warpgroup.wait_group(0)
+            self.release(pipe, n)
 
         # ---- epilogue: l of both consumers, sink, normalise, store
         for r in cutlass.range_constexpr(2):
