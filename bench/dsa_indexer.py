@@ -14,6 +14,9 @@ Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
   sparse idx bwd   the same slots, 64 index heads, Di 128: d_index_q, d_index_k, d_weights (cuDNN
                    indexer_backward_wrapper: predict probabilities and target in, its own layout); FLOPs 3 x 2 x Sq x
                    topk x H x D (the recompute, dq and dk products)
+  dense idx bwd    B1 Sq = Sk = 8K causal, 64 index heads, Di 128: the same gradients over the visible keys (cuDNN:
+                   indexer_backward_wrapper on the dense slot table, slot j = key j, -1 past the causal limit);
+                   FLOPs 3 x 2 x (visible pairs) x H x D
 FLOPs: 2 * H * D * (visible (query, key) pairs), about half of Sq * Sk when causal (the count cuDNN's 470 TFLOP/s
 at 1.17 ms uses). Top-k: GB/s of the score bytes read once.
 Timing: bench/timing.device_time (median device time of one call, CUDA events, host queued ahead).
@@ -209,6 +212,33 @@ def bench_sparse_bwd(Sq, Sk, K, H, D, iters, dsa, notes):
     return res, 3 * 2.0 * Sq * K * H * D
 
 
+def bench_dense_bwd(S, H, iters, dsa, notes):
+    """Dense (causal) indexer backward from the dense recompute's scores and lse; cuDNN: its indexer backward on the
+    dense slot table (slot j = key j, -1 past the causal limit; predict probabilities and target as [S, S])."""
+    from ops.dsa.indexer.dense_bwd import dense_indexer_bwd
+    q, k, w = inputs(S, H)
+    st = torch.cuda.current_stream().cuda_stream
+    s = torch.empty(1, S, S, device=DEV)
+    lse = torch.empty(1, S, device=DEV)
+    indexer_fwd(q, k, w, s, lse, causal=True, stream=st)
+    g = torch.Generator(device=DEV).manual_seed(S + H)
+    a = torch.rand(1, S, S, device=DEV, generator=g) * torch.isfinite(s)
+    l1 = a.sum(-1)
+    c = torch.tensor([1.0 / S], device=DEV)
+    dq, dk, dw = torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV)
+    res = {"ours": time_or_note(lambda: dense_indexer_bwd(q, k, w, s, lse, a, l1, c, dq, dk, dw, causal=True,
+                                                          stream=st), iters, notes, "ours")}
+    if dsa is not None:
+        j = torch.arange(S, device=DEV, dtype=torch.int32)
+        idx = torch.where(j[None, :] <= j[:, None], j[None, :], torch.full_like(j[None, :], -1))[None]
+        p = torch.exp(s - lse[..., None])
+        t = a / l1[..., None]
+        gl = torch.ones(1, device=DEV)
+        res["cudnn"] = time_or_note(lambda: dsa.indexer_backward_wrapper(q, w.bfloat16(), k, t.clone(), p, idx, gl),
+                                    iters, notes, "cudnn")
+    return res, 3 * 2.0 * S * (S + 1) / 2 * H * q.shape[-1]
+
+
 def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
     q, k, w = inputs(S, H)
     s = torch.empty(1, S, S, device=DEV)
@@ -274,6 +304,7 @@ def cases(a, dsa, topk_fwd):
         out.append((name, lambda n, k=kind, h=H, d=D: bench_sparse(k, 4096, 8192, 2048, h, d, a.iters, dsa, n)))
     out.append(("sparse idx bwd 4K/8K k2048 H64", lambda n: bench_sparse_bwd(4096, 8192, 2048, 64, 128, a.iters,
                                                                             dsa, n)))
+    out.append(("dense idx bwd 8K H64", lambda n: bench_dense_bwd(8192, 64, a.iters, dsa, n)))
     if not a.quick:
         out.append(("indexer+top-k 32K H32 k2048",
                     lambda n: bench_indexer_topk(32768, 32, 2048, a.iters, dsa, topk_fwd, n)))

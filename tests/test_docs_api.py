@@ -57,7 +57,8 @@ def test_seam_parameters_match():
                      ("dsa/topk/fwd.py", "topk_fwd"), ("dsa/attn_score/dense.py", "dense_attn_score_fwd"),
                      ("dsa/attn_score/sparse.py", "sparse_attn_score_fwd"),
                      ("dsa/sparse_attn/fwd.py", "sparse_attn_fwd"), ("dsa/sparse_attn/bwd.py", "sparse_attn_bwd"),
-                     ("dsa/indexer/sparse_bwd.py", "sparse_indexer_bwd")):
+                     ("dsa/indexer/sparse_bwd.py", "sparse_indexer_bwd"),
+                     ("dsa/indexer/dense_bwd.py", "dense_indexer_bwd")):
         tree = ast.parse((ROOT / "ops" / path).read_text())
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn)
         params = [a.arg for a in node.args.args] + [a.arg for a in node.args.kwonlyargs]

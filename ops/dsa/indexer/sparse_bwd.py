@@ -69,20 +69,37 @@ def compile_variant(key):
 def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
                        grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None,
                        cu_seqlens_k=None, stream=0):
-    from ...common.fill_sm90 import fill_f32
     from ...common.head_sum_host import SparseHeadSumCall
-    from ...common.tensors import arg_tensor, stream_handle
     call = SparseHeadSumCall(("index_q", "index_k", "index_score", "index_lse"), index_q, index_k, topk_indices,
                              topk_length, index_score, index_lse, cu_seqlens_q, cu_seqlens_k)
-    H, rows, at = call.heads, call.rows, call.at
     w = check_indexer_side(call, weights)
     w.require_inner_contiguous(w.bits // 8)
-    qa, ka, sa = at["index_q"], at["index_k"], at["index_score"]
+    extra, c, dk, s = gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights,
+                                       stream)
+    at, qa, ka, sa = call.at, call.at["index_q"], call.at["index_k"], call.at["index_score"]
+    if call.empty:
+        return
+    if ka.shape[0] == 0 or (not call.varlen and ka.shape[1] == 0):
+        raise ValueError("index_k: zero keys (the caller writes the empty-key result: zero gradients)")
+    fn = compile_variant(variant_key(call.head_dim, call.heads, w.dtype, call.varlen, topk_length is not None))
+    opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
+    fn(qa.ffi, ka.ffi, w.ffi, at["topk_indices"].ffi, opt("topk_length"), sa.ffi, at["index_lse"].ffi,
+       extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi, dk.ffi,
+       extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"), s)
+
+
+def gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights, stream):
+    """The checks both indexer backward seams make on the attention target and the gradient buffers (shapes from
+    `call`'s index_q / index_k / index_score), then d_index_k zeroed on the stream (it accumulates). Returns (extra
+    name -> ArgTensor, grad_scale ArgTensor, d_index_k ArgTensor, stream handle)."""
+    from ...common.fill_sm90 import fill_f32
+    from ...common.tensors import arg_tensor, stream_handle
+    at, rows, H = call.at, call.rows, call.heads
     extra = {}
-    for name, x, dtype, shape in (("attn_score", attn_score, "float32", sa.shape),
+    for name, x, dtype, shape in (("attn_score", attn_score, "float32", at["index_score"].shape),
                                   ("attn_l1norm", attn_l1norm, "float32", rows),
-                                  ("d_index_q", d_index_q, "bfloat16", qa.shape),
-                                  ("d_index_k", d_index_k, "float32", ka.shape),
+                                  ("d_index_q", d_index_q, "bfloat16", at["index_q"].shape),
+                                  ("d_index_k", d_index_k, "float32", at["index_k"].shape),
                                   ("d_weights", d_weights, "float32", rows + (H,))):
         t = extra[name] = arg_tensor(x, name).require_dtype(dtype)
         if t.shape != shape:
@@ -99,12 +116,4 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
     s = stream_handle(stream)
     if n_k:
         fill_f32(dk.ffi, len(dk.shape), 0.0, n_k, s)          # d_index_k accumulates: every element starts at 0
-    if call.empty:
-        return
-    if ka.shape[0] == 0 or (not call.varlen and ka.shape[1] == 0):
-        raise ValueError("index_k: zero keys (the caller writes the empty-key result: zero gradients)")
-    fn = compile_variant(variant_key(call.head_dim, H, w.dtype, call.varlen, topk_length is not None))
-    opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
-    fn(qa.ffi, ka.ffi, w.ffi, at["topk_indices"].ffi, opt("topk_length"), sa.ffi, at["index_lse"].ffi,
-       extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi, dk.ffi,
-       extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"), s)
+    return extra, c, dk, s

@@ -84,6 +84,14 @@ class SparseIndexerBwdSm90(BlockGather):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
                  mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor, mC: cute.Tensor,
                  mdQ: cute.Tensor, mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, stream):
+        tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK)
+        self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mmas,
+                    layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    @cute.jit
+    def setup(self, mQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor):
+        """(Q's TMA atom and tensor, key and d_index_k views (rows, Di, batch), grid, MMAs, shared layouts); sets
+        self.shared_storage and self.q_bytes."""
         D, H, dt = self.D, self.H, self.dt
         if cutlass.const_expr(self.varlen):
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
@@ -127,8 +135,7 @@ class SparseIndexerBwdSm90(BlockGather):
             sDQ: cute.struct.Align[cute.struct.MemRange[Float32, D * H], 16]
 
         self.shared_storage = SharedStorage
-        self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mmas,
-                    layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+        return tma_q, tQ, k_v, dk_v, grid, mmas, layouts
 
     # ------------------------------------------------------------------------------------------ device
     @cute.kernel
@@ -146,9 +153,20 @@ class SparseIndexerBwdSm90(BlockGather):
             else:
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
-                self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, mCuK[b + 1] - k_off)
+                self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, mCuK[b + 1] - k_off,
+                                  self.slots_of_row(mIdx, mLen, Int32(0), row))
         else:
-            self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0])
+            self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0],
+                              self.slots_of_row(mIdx, mLen, batch, row))
+
+    @cute.jit
+    def slots_of_row(self, mIdx: cute.Tensor, mLen: cute.Tensor, batch: Int32, row: Int32):
+        """The row's slot count: K, or min(K, topk_length) clamped at 0."""
+        n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
+        row_len = n_slots
+        if cutlass.const_expr(self.has_length):
+            row_len = cutlass.max(cutlass.min(n_slots, mLen[self.row_at(batch, row)]), Int32(0))
+        return row_len
 
     def rc(self, batch, row, *rest):
         """Coordinate of (row, rest...) in a [B, Sq, ...] / THD [Tq, ...] tensor."""
@@ -189,13 +207,11 @@ class SparseIndexerBwdSm90(BlockGather):
         return g, p
 
     @cute.jit
-    def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32):
+    def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32,
+                     row_len: Int32):
+        """One query row's gradients over its first row_len slots (keys k_off + slot_row(j))."""
         tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW = g
         sQ_l, sQt_l, sK_l, sKt_l, sdA_l, sdAt_l = layouts
-        n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
-        row_len = n_slots
-        if cutlass.const_expr(self.has_length):
-            row_len = cutlass.max(cutlass.min(n_slots, mLen[self.row_at(batch, row)]), Int32(0))
         n_blk = (row_len + BK - 1) // BK
 
         smem = SmemAllocator()
