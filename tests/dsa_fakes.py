@@ -28,7 +28,8 @@ SEAMS = {"indexer": ("indexer/fwd.py", "indexer_fwd"), "topk": ("topk/fwd.py", "
          "sparse_attn_score": ("attn_score/sparse.py", "sparse_attn_score_fwd"),
          "sparse_attention": ("sparse_attn/fwd.py", "sparse_attn_fwd"),
          "sparse_attention_bwd": ("sparse_attn/bwd.py", "sparse_attn_bwd"),
-         "sparse_indexer_bwd": ("indexer/sparse_bwd.py", "sparse_indexer_bwd")}
+         "sparse_indexer_bwd": ("indexer/sparse_bwd.py", "sparse_indexer_bwd"),
+         "dense_indexer_bwd": ("indexer/dense_bwd.py", "dense_indexer_bwd")}
 
 
 def _layout(q, k, q_offsets, cq, ck, width=None):
@@ -207,6 +208,32 @@ class FakeKernels:
         dq, dk, dw = ref_loss.sparse_backward(_rows(q, thd), _rows(k, thd), _rows(w, thd), g, gidx, valid)
         write(d_index_q, dq.reshape(q.shape))   # float32 -> bfloat16, as the reference path casts
         write(d_index_k, dk.reshape(k.shape))   # the whole accumulator (the seam zeroes it, the kernel adds into it)
+        write(d_weights, dw.reshape(w.shape))
+
+
+    def dense_indexer_bwd(self, index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
+                          d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
+                          cu_seqlens_k=None, stream=0):
+        q, k, w, c = read(index_q), read(index_k), read(weights), read(grad_scale)
+        s, lse, a, l1 = (read(x) for x in (index_score, index_lse, attn_score, attn_l1norm))
+        gq, gk, gw = read(d_index_q), read(d_index_k), read(d_weights)
+        assert q.dtype == k.dtype == gq.dtype == paddle.bfloat16 and gq.shape == q.shape, "bf16 index_q, d_index_q"
+        assert w.dtype in (paddle.bfloat16, paddle.float32), "weights bf16 or fp32"
+        assert gk.dtype == paddle.float32 and gk.shape == k.shape, "d_index_k: a float32 accumulator like index_k"
+        assert gw.dtype == paddle.float32 and gw.shape == w.shape, "d_weights: float32 shaped like weights"
+        assert c.dtype == paddle.float32 and int(np.prod(c.shape)) == 1, "grad_scale: a one-element float32 tensor"
+        assert all(x.dtype == paddle.float32 for x in (s, lse, a, l1)), "float32 statistics"
+        assert s.shape == a.shape and lse.shape == l1.shape == s.shape[:-1], "statistics shapes"
+        assert isinstance(causal, bool) and isinstance(ratio, int), "causal bool, ratio int"
+        thd, layout, limits = self._dense_call("dense_indexer_bwd", q, k, q_offsets, cu_seqlens_q, cu_seqlens_k,
+                                               max(q.shape[0], 1), index_score, causal, ratio, stream)
+        self.calls[-1] += (w.dtype == paddle.float32,)
+        tq, width = (s.shape[0], s.shape[1]) if thd else (s.shape[0] * s.shape[1], s.shape[2])
+        dq, dk, dw = ref_loss.dense_backward(_rows(q, thd), _rows(k, thd), _rows(w, thd), s.reshape([tq, width]),
+                                             lse.reshape([tq]), a.reshape([tq, width]), l1.reshape([tq]), layout,
+                                             limits, c.reshape([]))
+        write(d_index_q, dq.reshape(q.shape))   # float32 -> bfloat16, as the reference path casts
+        write(d_index_k, dk.reshape(k.shape))
         write(d_weights, dw.reshape(w.shape))
 
 

@@ -586,8 +586,9 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     q_offsets, top-k indices or lengths) on the kernel path, so the call is CUDA-graph capturable; the results equal
     the reference path's. sparse_attention: its forward and, with its seam routed (as here), its backward (gradients
     into out and softmax_lse; the unrouted backward's reference path reads cu_seqlens). sparse_indexer_backward
-    (grad_loss a tensor or a number: grad_scale and N computed on the device) and indexer_kl_loss's sparse stage,
-    forward and backward, with their seams routed (as here). Besides the package's host-read helpers, every Paddle
+    (grad_loss a tensor or a number: grad_scale and N computed on the device), dense_indexer_backward (THD width
+    from the scores, q_offsets; BSHD with a number) and indexer_kl_loss's sparse stage, forward and backward, with
+    their seams routed (as here). Besides the package's host-read helpers, every Paddle
     tensor read (numpy, item, tolist, bool, float, int, index) raises outside the fake seams."""
     cu_q, cu_k, off = i32([0, 3, 3, 9]), i32([0, 7, 10, 16]), i32([2, 0, 5])
     iq, ik, w = bf16(rng, [11, 32, 64]), bf16(rng, [17, 64]), f32(rng, [11, 32])
@@ -601,6 +602,10 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     thd = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     mx = dict(thd, max_seqlen_q=6, max_seqlen_k=8)
     stats = _sparse_stats((iq, ik, w), (q, kv, lse), idx, dict(thd, topk_length=tl))
+    dstats = (P.dense_indexer_score_recompute(iq, ik, w, **mx, q_offsets=off)
+              + P.dense_attn_score_recompute(q, kv, lse, **mx, q_offsets=off))
+    ba = attn_inputs(rng, (2, 5), (2, 6))
+    bdstats = P.dense_indexer_score_recompute(biq, bik, bw, ratio=2) + P.dense_attn_score_recompute(*ba, ratio=2)
     fake.calls.clear()
     for t in (q, kv, sink, bq, bkv):
         t.stop_gradient = False
@@ -619,7 +624,9 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
               dict(thd, topk_length=tl, loss_coeff=0.5)),
              (P.sparse_indexer_backward, (iq, ik, w, idx) + stats + (2.0,), thd),
              (_kl_run, ((iq, ik, w), (q, kv, lse), idx), dict(thd, topk_length=tl)),
-             (_kl_run, (bind, (bq, bkv, blse), bidx), {})]
+             (_kl_run, (bind, (bq, bkv, blse), bidx), {}),
+             (P.dense_indexer_backward, (iq, ik, w) + dstats + (f32(rng, [1]),), dict(thd, q_offsets=off)),
+             (P.dense_indexer_backward, (biq, bik, bw) + bdstats + (1.5,), dict(ratio=2, loss_coeff=0.5))]
 
     def host_read(*_):
         raise AssertionError("a host read on the kernel path")
@@ -640,7 +647,8 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     assert [c[0] for c in fake.calls] == (["indexer", "indexer", "attn_score", "sparse_indexer", "sparse_attn_score",
                                            "indexer"] + ["sparse_attention", "sparse_attention_bwd"] * 3
                                           + ["sparse_indexer_bwd"] * 2
-                                          + (["sparse_indexer", "sparse_attn_score"] * 2 + ["sparse_indexer_bwd"]) * 2)
+                                          + (["sparse_indexer", "sparse_attn_score"] * 2 + ["sparse_indexer_bwd"]) * 2
+                                          + ["dense_indexer_bwd"] * 2)
     assert list(got[0].shape) == [11, 8] and list(got[2][0].shape) == [11, 8]      # width: max_seqlen_k
     monkeypatch.setattr(PORT, "to_numpy", saved[0])
     monkeypatch.setattr(_dsa_inputs, "host_ints", saved[1])
@@ -692,6 +700,72 @@ def test_dense_indexer_backward_takes_wider_thd_scores(rng):
         same(g1, g0)
 
 
+def _dense_index_case(rng, thd, w_dtype, causal=True, ratio=1, offsets=False):
+    """((index_q, index_k, weights), (query, kv, softmax_lse), kwargs) of the dense indexer backward within the GPU
+    table. THD: an empty query segment, rows past cu_seqlens_q[-1], keys past cu_seqlens_k[-1], Hi 32, Di 64; BSHD:
+    Hi 64, Di 128."""
+    wt = bf16 if w_dtype == "bfloat16" else f32
+    if thd:
+        ind = (bf16(rng, [13, 32, 64]), bf16(rng, [21, 64]), wt(rng, [13, 32]))
+        att = attn_inputs(rng, (13,), (21,))
+        kw = dict(cu_seqlens_q=i32([0, 4, 4, 11]), cu_seqlens_k=i32([0, 6, 9, 20]))
+        nb = 3
+    else:
+        ind = (bf16(rng, [2, 5, 64, 128]), bf16(rng, [2, 30, 128]), wt(rng, [2, 5, 64]))
+        att = attn_inputs(rng, (2, 5), (2, 30), 128, 512)
+        kw, nb = {}, 2
+    kw.update(causal=causal, ratio=ratio)
+    if offsets:
+        kw["q_offsets"] = i32(rng.integers(0, 8, nb))
+    return ind, att, kw
+
+
+@pytest.mark.parametrize("thd", [False, True])
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("mask", ["causal", "ratio2-offsets", "full"])
+def test_dense_indexer_backward(rng, fake, monkeypatch, thd, w_dtype, mask):
+    """dense_indexer_backward on the kernel route (its seam routed, as install() does): the statistics from the dense
+    recomputes (THD: max_seqlen_k wider than the longest key sequence), d_index_q, d_index_k, d_weights equal the
+    reference path's bit for bit; the seam gets causal / ratio / q_offsets as given."""
+    causal, ratio, offsets = {"causal": (True, 1, False), "ratio2-offsets": (True, 2, True),
+                              "full": (False, 1, False)}[mask]
+    ind, att, kw = _dense_index_case(rng, thd, w_dtype, causal, ratio, offsets)
+    wide = dict(max_seqlen_q=8, max_seqlen_k=12) if thd else {}
+    stats = (P.dense_indexer_score_recompute(*ind, **kw, **wide)
+             + P.dense_attn_score_recompute(*att, **kw, **wide))
+    fake.calls.clear()
+    gl = f32(rng, [1])
+    got = P.dense_indexer_backward(*ind, *stats, gl, loss_coeff=0.7, **kw)
+    assert fake.calls == [("dense_indexer_bwd", STREAM, w_dtype == "float32")]
+    want = reference(monkeypatch, P.dense_indexer_backward, *ind, *stats, gl, loss_coeff=0.7, **kw)
+    _same_index_grads(got, want, ind)
+    assert all((g.astype("float32").numpy() != 0).any() for g in got)
+
+
+def test_dense_indexer_backward_kernel_route_checks(rng, fake, monkeypatch):
+    """THD scores narrower than the longest key sequence: ValueError before any launch (config check on); an empty
+    problem (no query row): zero gradients, no launch; unrouted (as shipped until its H200 run): the reference path
+    with a one-time warning naming the seam."""
+    ind, att, kw = _dense_index_case(rng, True, "float32")
+    s, ilse = P.dense_indexer_score_recompute(*ind, **kw)
+    a, l1 = P.dense_attn_score_recompute(*att, **kw)
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="index_score` has 10 columns, fewer than the longest key sequence"):
+        P.dense_indexer_backward(*ind, s[:, :10], ilse, a[:, :10], l1, 1.0, **kw)
+    assert fake.calls == []
+    q0, w0 = ind[0][:0], ind[2][:0]
+    kw0 = dict(kw, cu_seqlens_q=i32([0, 0, 0, 0]))
+    got = P.dense_indexer_backward(q0, ind[1], w0, s[:0], ilse[:0], a[:0], l1[:0], 1.0, **kw0)
+    assert fake.calls == [] and [list(g.shape) for g in got] == [[0, 32, 64], [21, 64], [0, 32]]
+    assert (got[1].astype("float32").numpy() == 0).all()
+    monkeypatch.setattr(seam, "ROUTED", seam.ROUTED - {"dense_indexer_bwd"})
+    monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    with pytest.warns(UserWarning, match="dense_indexer_backward: the paddle_dsa.ops.dsa.indexer.dense_bwd kernel is "
+                                         "not routed yet.*reference path on the GPU"):
+        P.dense_indexer_backward(*ind, s, ilse, a, l1, 1.0, **kw)
+    assert fake.calls == []
+
+
 def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
     """A seam module that does not import (not written yet, or no DSL): the reference path, one warning naming it."""
     monkeypatch.setitem(seam._NAMES, "indexer", "indexer.not_written_yet")
@@ -712,12 +786,13 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     """A seam left out of kernels/dsa.py ROUTED (here sparse_attention's and the attention-score recomputes', taken
     out) and the ops with no kernel run the reference path with a warning saying why, even with every module present;
-    as shipped every seam is routed (the backward seams' fallbacks: test_sparse_attention_backward_unrouted_stays_on_
+    as shipped every seam is routed but the dense indexer backward's (its H200 run is pending; the backward seams'
+    fallbacks: test_sparse_attention_backward_unrouted_stays_on_
     reference, test_sparse_indexer_backward_unrouted_stays_on_reference, test_indexer_kl_loss_sparse_stage_unrouted_
     stays_on_reference). An unrouted sparse_attention gives the CPU reference path's results, and its backward stays on the
     reference path even with the backward seam routed (the backward seam serves only a kernel-route forward).
     indexer_kl_loss's sparse stage names the first of its three seams that is not routed."""
-    assert seam.ROUTED == set(seam._NAMES)
+    assert seam.ROUTED == set(seam._NAMES) - {"dense_indexer_bwd"}
     kernels = install(monkeypatch, routed=False)
     monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))

@@ -22,14 +22,16 @@ _MODULES = {}
 _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "indexer.sparse",
           "attn_score": "attn_score.dense", "sparse_attn_score": "attn_score.sparse",
           "sparse_attention": "sparse_attn.fwd", "sparse_attention_bwd": "sparse_attn.bwd",
-          "sparse_indexer_bwd": "indexer.sparse_bwd"}
+          "sparse_indexer_bwd": "indexer.sparse_bwd", "dense_indexer_bwd": "indexer.dense_bwd"}
 
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
 # sparse attention forward since 2026-12-03; the sparse attention backward and the sparse indexer backward since their
-# suites, tests/gpu/test_dsa_sparse_attn_bwd.py and test_dsa_indexer_bwd.py, passed on 2026-12-03). Routing = naming
-# the seam here; a seam taken out runs the reference path with a one-time warning.
-ROUTED = frozenset(_NAMES)
+# suites, tests/gpu/test_dsa_sparse_attn_bwd.py and test_dsa_indexer_bwd.py, passed on 2026-12-03). Not routed yet:
+# "dense_indexer_bwd" (written 2026-12-03, wired into nn/functional/dsa.py dense_indexer_backward), routed once
+# tests/gpu/test_dsa_indexer_dense_bwd.py passes on the H200. Routing = naming the seam here; a seam left out runs
+# the reference path with a one-time warning.
+ROUTED = frozenset(_NAMES) - {"dense_indexer_bwd"}
 
 
 def _module(which):
@@ -171,6 +173,22 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
         stream=PORT.stream_handle(query))
     d_sink = None if d_sink_rows is None else d_sink_rows.reshape([-1, heads]).sum(axis=0)
     return dq, dkv, d_sink
+
+
+def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale, *,
+                      causal, ratio, q_offsets, cu_q, cu_k):
+    """(d_index_q bfloat16, d_index_k float32, d_weights float32, shaped like their inputs) of the dense indexer KL
+    loss: sparse_indexer_bwd's contract with the row's entries the keys of its ratio-causal mask; the statistics
+    float32 [B,Sq,Sk] / [Tq,W] (W >= the longest key sequence) and [B,Sq] / [Tq]. Nothing is read on the host."""
+    dq = _empty(PORT.shape(index_q), paddle.bfloat16)
+    dk = _empty(PORT.shape(index_k), paddle.float32)
+    dw = _empty(PORT.shape(weights), paddle.float32)
+    ex = PORT.export
+    _module("dense_indexer_bwd").dense_indexer_bwd(
+        ex(index_q), ex(index_k), ex(weights), ex(index_score), ex(index_lse), ex(attn_score), ex(attn_l1norm),
+        ex(grad_scale), _out(dq), _out(dk), _out(dw), causal=causal, ratio=ratio, q_offsets=_opt(q_offsets),
+        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q))
+    return dq, dk, dw
 
 
 def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,

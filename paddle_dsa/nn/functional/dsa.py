@@ -26,6 +26,7 @@ import math
 
 import paddle
 
+from ... import config
 from ... import validation as V
 from ..._port import PORT
 from ...kernels import dsa as gpu
@@ -519,11 +520,39 @@ def dense_indexer_backward(index_q, index_k, weights, index_score, index_lse, at
     THD cu_seqlens_q[-1]), P = exp(index_score - index_lse), T = max(attn_score / max(attn_l1norm, 1e-10),
     e^-100): G = g - P * sum(g), g = -c * T * 1[index_score - index_lse >= -100], and G flows through
     sum_h weights * relu(index_q . index_k).
+    On a CUDA place with the dense_indexer_bwd seam routed: that kernel (public-layout statistics, grad_scale on
+    the device; THD: the scores' width is checked against the longest key sequence on the host only with
+    config.check_cu_seqlens_values on, and the kernel never reads past it); no query row, key or score column: zero
+    gradients built in Paddle.
     """
     op = "dense_indexer_backward"
     _start(op)
-    seq, causal, ratio, _ = _dense_index(op, index_q, index_k, weights, causal, ratio, q_offsets, cu_seqlens_q,
-                                         cu_seqlens_k)
+    seq, hi, di, on_gpu = I.check_indexer(op, index_q, index_k, weights, cu_seqlens_q, cu_seqlens_k)
+    causal, ratio = I.check_causal(op, seq, causal, ratio, q_offsets)
+    V.check_same_place(op, ("index_q", "q_offsets"), (index_q, index_q if q_offsets is None else q_offsets))
+    thd_width = (PORT.shape(index_score)[1] if seq.thd and PORT.is_tensor(index_score)
+                 and len(PORT.shape(index_score)) == 2 else None)
+    route = _route(op, on_gpu, "dense_indexer_bwd", seq.tq == 0 or seq.tk == 0 or thd_width == 0)
+    if route != "reference":
+        width = thd_width if seq.thd else seq.sk
+        s, lse, a, l1 = I.check_row_stats(op, seq, ("index_score", "index_lse", "attn_score", "attn_l1norm"),
+                                          (index_score, index_lse, attn_score, attn_l1norm), width)
+        V.check_same_place(op, ("index_q", "index_score", "attn_score"), (index_q, index_score, attn_score))
+        gl = I.check_grad_loss(op, grad_loss, index_q)
+        coeff = I.check_loss_coeff(op, loss_coeff)
+        with paddle.no_grad():
+            if route == "empty":            # no row, no key, or no score column: zero gradients
+                return tuple(paddle.zeros(list(PORT.shape(t)), dtype=t.dtype) for t in (index_q, index_k, weights))
+            if seq.thd and config.check_cu_seqlens_values:
+                longest = seq.width()       # the longest key sequence (host values, read by the checks already)
+                if width < longest:
+                    V.fail(op, f"`index_score` has {width} columns, fewer than the longest key sequence ({longest})")
+            cu_q, cu_k = seq.cu_tensors
+            dq, dk, dw = gpu.dense_indexer_bwd(
+                index_q, index_k, weights, _f32(index_score), _f32(index_lse), _f32(attn_score), _f32(attn_l1norm),
+                _device_grad_scale(coeff, gl, seq), causal=causal, ratio=ratio, q_offsets=q_offsets, cu_q=cu_q,
+                cu_k=cu_k)
+            return _cast_grads((index_q, index_k, weights), (dq, dk, dw))
     layout, limits = _ref_layout(seq, q_offsets, causal, ratio)
     if seq.thd and PORT.is_tensor(index_score) and len(PORT.shape(index_score)) == 2:
         # scores of a recompute given max_seqlen_k are wider than the longest key sequence: any width >= it
