@@ -43,6 +43,21 @@ def _layout(q, k, q_offsets, cq, ck, width=None):
     return C.Layout.thd(q.shape[0], k.shape[0], cq, ck, offs, width=width)
 
 
+def _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse, attn_score, attn_l1norm,
+                      d_index_q, d_index_k, d_weights):
+    """The indexer backward seams' inputs read back, with the dtype / shape contract both real seams check."""
+    q, k, w, c = read(index_q), read(index_k), read(weights), read(grad_scale)
+    s, lse, a, l1 = (read(x) for x in (index_score, index_lse, attn_score, attn_l1norm))
+    gq, gk, gw = read(d_index_q), read(d_index_k), read(d_weights)
+    assert q.dtype == k.dtype == gq.dtype == paddle.bfloat16 and gq.shape == q.shape, "bf16 index_q, d_index_q"
+    assert w.dtype in (paddle.bfloat16, paddle.float32), "weights bf16 or fp32"
+    assert gk.dtype == paddle.float32 and gk.shape == k.shape, "d_index_k: a float32 accumulator like index_k"
+    assert gw.dtype == paddle.float32 and gw.shape == w.shape, "d_weights: float32 shaped like weights"
+    assert c.dtype == paddle.float32 and int(np.prod(c.shape)) == 1, "grad_scale: a one-element float32 tensor"
+    assert all(x.dtype == paddle.float32 for x in (s, lse, a, l1)), "float32 statistics"
+    return q, k, w, c, s, lse, a, l1
+
+
 def _rows(x, thd):
     return x if thd else x.reshape([x.shape[0] * x.shape[1]] + list(x.shape[2:]))
 
@@ -189,15 +204,8 @@ class FakeKernels:
     def sparse_indexer_bwd(self, index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score,
                            attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None,
                            cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
-        q, k, w, c = read(index_q), read(index_k), read(weights), read(grad_scale)
-        s, lse, a, l1 = (read(x) for x in (index_score, index_lse, attn_score, attn_l1norm))
-        gq, gk, gw = read(d_index_q), read(d_index_k), read(d_weights)
-        assert q.dtype == k.dtype == gq.dtype == paddle.bfloat16 and gq.shape == q.shape, "bf16 index_q, d_index_q"
-        assert w.dtype in (paddle.bfloat16, paddle.float32), "weights bf16 or fp32"
-        assert gk.dtype == paddle.float32 and gk.shape == k.shape, "d_index_k: a float32 accumulator like index_k"
-        assert gw.dtype == paddle.float32 and gw.shape == w.shape, "d_weights: float32 shaped like weights"
-        assert c.dtype == paddle.float32 and int(np.prod(c.shape)) == 1, "grad_scale: a one-element float32 tensor"
-        assert all(x.dtype == paddle.float32 for x in (s, lse, a, l1)), "float32 statistics"
+        q, k, w, c, s, lse, a, l1 = _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse,
+                                                      attn_score, attn_l1norm, d_index_q, d_index_k, d_weights)
         assert s.shape == a.shape == read(topk_indices).shape and lse.shape == l1.shape == s.shape[:-1], "shapes"
         thd, gidx, valid = self._slots("sparse_indexer_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
                                        cu_seqlens_k, stream)
@@ -214,15 +222,8 @@ class FakeKernels:
     def dense_indexer_bwd(self, index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
                           d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
                           cu_seqlens_k=None, stream=0):
-        q, k, w, c = read(index_q), read(index_k), read(weights), read(grad_scale)
-        s, lse, a, l1 = (read(x) for x in (index_score, index_lse, attn_score, attn_l1norm))
-        gq, gk, gw = read(d_index_q), read(d_index_k), read(d_weights)
-        assert q.dtype == k.dtype == gq.dtype == paddle.bfloat16 and gq.shape == q.shape, "bf16 index_q, d_index_q"
-        assert w.dtype in (paddle.bfloat16, paddle.float32), "weights bf16 or fp32"
-        assert gk.dtype == paddle.float32 and gk.shape == k.shape, "d_index_k: a float32 accumulator like index_k"
-        assert gw.dtype == paddle.float32 and gw.shape == w.shape, "d_weights: float32 shaped like weights"
-        assert c.dtype == paddle.float32 and int(np.prod(c.shape)) == 1, "grad_scale: a one-element float32 tensor"
-        assert all(x.dtype == paddle.float32 for x in (s, lse, a, l1)), "float32 statistics"
+        q, k, w, c, s, lse, a, l1 = _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse,
+                                                      attn_score, attn_l1norm, d_index_q, d_index_k, d_weights)
         assert s.shape == a.shape and lse.shape == l1.shape == s.shape[:-1], "statistics shapes"
         assert isinstance(causal, bool) and isinstance(ratio, int), "causal bool, ratio int"
         thd, layout, limits = self._dense_call("dense_indexer_bwd", q, k, q_offsets, cu_seqlens_q, cu_seqlens_k,

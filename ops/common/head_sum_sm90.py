@@ -143,6 +143,16 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
                     acc.store(acc.load() + part.load())
 
 
+@cute.jit
+def visible_limit(t: Int32, pos0: Int32, causal: Int32, ratio: Int32, seqlen_k: Int32):
+    """Keys [0, lim) are visible to local query t: lim = clamp((pos0 + t + 1) // ratio, 0, seqlen_k) when causal,
+    else seqlen_k (the dense DSA ops' ratio-causal mask; pos0 = the sequence's q_offset)."""
+    lim = seqlen_k
+    if causal != 0:
+        lim = cutlass.max(cutlass.min((pos0 + t + 1) // ratio, seqlen_k), 0)
+    return lim
+
+
 class HeadSumScoresSm90:
     """Base of one compiled variant. Subclasses set MASK (a float) and implement ``column_value``,
     ``element``, ``stat_init``, ``stat_update``, ``stat_merge``, ``stat_final`` and ``STAT_EMPTY``."""
@@ -252,14 +262,6 @@ class HeadSumScoresSm90:
                         mStat[row0 + tidx] = Float32(self.STAT_EMPTY)
 
     @cute.jit
-    def limit(self, t: Int32, pos0: Int32, causal: Int32, ratio: Int32, seqlen_k: Int32):
-        """Keys [0, lim) are visible to local query t."""
-        lim = seqlen_k
-        if causal != 0:
-            lim = cutlass.max(cutlass.min((pos0 + t + 1) // ratio, seqlen_k), 0)
-        return lim
-
-    @cute.jit
     def score_tile(self, tma_q, tQ, tma_k, tK, mC, mS, mStat, mOff, scale: Float32, causal: Int32, ratio: Int32,
                    mma: cute.TiledMma, mma_acc: cute.TiledMma, sQ_layout, sK_layout, tidx: Int32, batch: Int32,
                    qt: Int32, q_off: Int32, seqlen_q: Int32, k_off: Int32, seqlen_k: Int32, width: Int32):
@@ -268,8 +270,8 @@ class HeadSumScoresSm90:
         pos0 = Int32(0)
         if cutlass.const_expr(self.has_offsets):
             pos0 = mOff[batch]
-        lim_lo = self.limit(t0, pos0, causal, ratio, seqlen_k)
-        lim_hi = self.limit(cutlass.min(t0 + QT, seqlen_q) - 1, pos0, causal, ratio, seqlen_k)
+        lim_lo = visible_limit(t0, pos0, causal, ratio, seqlen_k)
+        lim_hi = visible_limit(cutlass.min(t0 + QT, seqlen_q) - 1, pos0, causal, ratio, seqlen_k)
         n_hi = (lim_hi + BK - 1) // BK      # key blocks computed; columns [n_hi * BK, width) are MASK
         n_full = lim_lo // BK               # blocks below this need no mask
 
@@ -356,7 +358,7 @@ class HeadSumScoresSm90:
 
             lim_own = cute.make_rmem_tensor((NO,), Int32)
             for i in cutlass.range_constexpr(NO):
-                lim_own[i] = self.limit(t0 + 4 * i + quad, pos0, causal, ratio, seqlen_k)
+                lim_own[i] = visible_limit(t0 + 4 * i + quad, pos0, causal, ratio, seqlen_k)
             stat = self.stat_init(NO)
             sums = cute.make_rmem_tensor((2, 4 * NO), Float32)
 

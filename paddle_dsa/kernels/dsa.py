@@ -175,14 +175,19 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
     return dq, dkv, d_sink
 
 
+def _index_grads(index_q, index_k, weights):
+    """The indexer backward seams' outputs: d_index_q bfloat16, d_index_k and d_weights float32, from _empty (every
+    element written by the seam; d_index_k zeroed there before the kernel accumulates)."""
+    return (_empty(PORT.shape(index_q), paddle.bfloat16), _empty(PORT.shape(index_k), paddle.float32),
+            _empty(PORT.shape(weights), paddle.float32))
+
+
 def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale, *,
                       causal, ratio, q_offsets, cu_q, cu_k):
     """(d_index_q bfloat16, d_index_k float32, d_weights float32, shaped like their inputs) of the dense indexer KL
     loss: sparse_indexer_bwd's contract with the row's entries the keys of its ratio-causal mask; the statistics
     float32 [B,Sq,Sk] / [Tq,W] (W >= the longest key sequence) and [B,Sq] / [Tq]. Nothing is read on the host."""
-    dq = _empty(PORT.shape(index_q), paddle.bfloat16)
-    dk = _empty(PORT.shape(index_k), paddle.float32)
-    dw = _empty(PORT.shape(weights), paddle.float32)
+    dq, dk, dw = _index_grads(index_q, index_k, weights)
     ex = PORT.export
     _module("dense_indexer_bwd").dense_indexer_bwd(
         ex(index_q), ex(index_k), ex(weights), ex(index_score), ex(index_lse), ex(attn_score), ex(attn_l1norm),
@@ -201,9 +206,7 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
     leading shape); grad_scale float32 [1] on the device (loss_coeff * grad_loss / N, computed there by the caller);
     topk_length int32 or None; cu_q / cu_k device tensors (THD) or None. d_index_k comes from _empty like every
     output: the seam zeroes it, then accumulates (fp32 atomics). Nothing is read on the host."""
-    dq = _empty(PORT.shape(index_q), paddle.bfloat16)
-    dk = _empty(PORT.shape(index_k), paddle.float32)
-    dw = _empty(PORT.shape(weights), paddle.float32)
+    dq, dk, dw = _index_grads(index_q, index_k, weights)
     ex = PORT.export
     _module("sparse_indexer_bwd").sparse_indexer_bwd(
         ex(index_q), ex(index_k), ex(weights), ex(topk_indices), ex(index_score), ex(index_lse), ex(attn_score),

@@ -41,22 +41,13 @@ def fake_args(key):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
     from ...common.head_sum_host import fake_tensor
+    from .sparse_bwd import fake_tensors
     D, H, w_name, varlen, has_off = key
-    bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-    wdt = {"bfloat16": bf, "float32": f32}[w_name]
-    lead = (None,) if varlen else (None, None)
-    q = fake_tensor(bf, lead + (H, D), 8, 16)
-    k = fake_tensor(bf, lead + (D,), 8, 16)
-    w = fake_tensor(wdt, lead + (H,), 1, wdt.width // 8)
+    t = fake_tensors(D, H, w_name, varlen)
+    i32 = cutlass.Int32
     off = fake_tensor(i32, (None,), 1, 4) if has_off else None
-    s, a = fake_tensor(f32, lead + (None,), 1, 4), fake_tensor(f32, lead + (None,), 1, 4)
-    lse, l1 = fake_tensor(f32, lead, 1, 4), fake_tensor(f32, lead, 1, 4)
-    c = fake_tensor(f32, (1,), 1, 4)
-    dq = fake_tensor(bf, lead + (H, D), 1, 2)
-    dk = fake_tensor(f32, lead + (D,), 4, 16)       # contiguous, 16-byte aligned (red.v4)
-    dw = fake_tensor(f32, lead + (H,), 1, 4)
-    cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
-    return (q, k, w, off, s, lse, a, l1, c, dq, dk, dw, cu(), cu(), i32(1), i32(1), make_fake_stream())
+    return (t["q"], t["k"], t["w"], off, t["s"], t["lse"], t["a"], t["l1"], t["c"], t["dq"], t["dk"], t["dw"],
+            t["cu"](), t["cu"](), i32(1), i32(1), make_fake_stream())
 
 
 def compile_variant(key):

@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from ...common.gather_sm90 import PIECE, find_sequence
+from ...common.head_sum_sm90 import visible_limit
 from .sparse_bwd_sm90 import NUM_THREADS, SparseIndexerBwdSm90
 
 
@@ -72,10 +73,10 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
                 seqlen_k = mCuK[b + 1] - k_off
-                lim = self.limit(row - mCuQ[b], self.q_offset(mOff, b), causal, ratio, seqlen_k)
+                lim = visible_limit(row - mCuQ[b], self.q_offset(mOff, b), causal, ratio, seqlen_k)
                 self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, seqlen_k, cutlass.min(lim, width))
         else:
-            lim = self.limit(row, self.q_offset(mOff, batch), causal, ratio, mK.shape[0])
+            lim = visible_limit(row, self.q_offset(mOff, batch), causal, ratio, mK.shape[0])
             self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0], cutlass.min(lim, width))
 
     @cute.jit
@@ -84,14 +85,6 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
         if cutlass.const_expr(self.has_offsets):
             pos0 = mOff[b]
         return pos0
-
-    @cute.jit
-    def limit(self, t: Int32, pos0: Int32, causal: Int32, ratio: Int32, seqlen_k: Int32):
-        """Keys [0, lim) are visible to local query t (the indexer forward's mask)."""
-        lim = seqlen_k
-        if causal != 0:
-            lim = cutlass.max(cutlass.min((pos0 + t + 1) // ratio, seqlen_k), 0)
-        return lim
 
     # ------------------------------------------------------------------------------------------ the slot source
     @cute.jit

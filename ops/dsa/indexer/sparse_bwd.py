@@ -32,27 +32,35 @@ def all_variant_keys():
             for w in supported.WEIGHT_DTYPES for vl in (False, True) for tl in (False, True)]
 
 
+def fake_tensors(D, H, w_name, varlen):
+    """The compile stand-ins both indexer backward seams share: dict of q, k, w, s, lse, a, l1, c, dq, dk, dw, cu
+    (a factory: None for BSHD)."""
+    import cutlass
+    from ...common.head_sum_host import fake_tensor
+    bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
+    wdt = {"bfloat16": bf, "float32": f32}[w_name]
+    lead = (None,) if varlen else (None, None)
+    return dict(q=fake_tensor(bf, lead + (H, D), 8, 16), k=fake_tensor(bf, lead + (D,), 8, 16),
+                w=fake_tensor(wdt, lead + (H,), 1, wdt.width // 8),
+                s=fake_tensor(f32, lead + (None,), 1, 4), a=fake_tensor(f32, lead + (None,), 1, 4),
+                lse=fake_tensor(f32, lead, 1, 4), l1=fake_tensor(f32, lead, 1, 4), c=fake_tensor(f32, (1,), 1, 4),
+                dq=fake_tensor(bf, lead + (H, D), 1, 2),
+                dk=fake_tensor(f32, lead + (D,), 4, 16),       # contiguous, 16-byte aligned (red.v4)
+                dw=fake_tensor(f32, lead + (H,), 1, 4), lead=lead,
+                cu=(lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None))
+
+
 def fake_args(key):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
     from ...common.head_sum_host import fake_tensor
     D, H, w_name, varlen, has_len = key
-    bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-    wdt = {"bfloat16": bf, "float32": f32}[w_name]
-    lead = (None,) if varlen else (None, None)
-    q = fake_tensor(bf, lead + (H, D), 8, 16)
-    k = fake_tensor(bf, lead + (D,), 8, 16)
-    w = fake_tensor(wdt, lead + (H,), 1, wdt.width // 8)
-    idx = fake_tensor(i32, lead + (None,), 1, 4)
-    length = fake_tensor(i32, lead, 1, 4) if has_len else None
-    s, a = fake_tensor(f32, lead + (None,), 1, 4), fake_tensor(f32, lead + (None,), 1, 4)
-    lse, l1 = fake_tensor(f32, lead, 1, 4), fake_tensor(f32, lead, 1, 4)
-    c = fake_tensor(f32, (1,), 1, 4)
-    dq = fake_tensor(bf, lead + (H, D), 1, 2)
-    dk = fake_tensor(f32, lead + (D,), 4, 16)       # contiguous, 16-byte aligned (red.v4)
-    dw = fake_tensor(f32, lead + (H,), 1, 4)
-    cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
-    return (q, k, w, idx, length, s, lse, a, l1, c, dq, dk, dw, cu(), cu(), make_fake_stream())
+    t = fake_tensors(D, H, w_name, varlen)
+    i32 = cutlass.Int32
+    idx = fake_tensor(i32, t["lead"] + (None,), 1, 4)
+    length = fake_tensor(i32, t["lead"], 1, 4) if has_len else None
+    return (t["q"], t["k"], t["w"], idx, length, t["s"], t["lse"], t["a"], t["l1"], t["c"], t["dq"], t["dk"], t["dw"],
+            t["cu"](), t["cu"](), make_fake_stream())
 
 
 def compile_variant(key):
