@@ -76,7 +76,7 @@ def backward(q, k, v, dout, dlse, scale, causal, window, stored_out=None, fp32=F
     dk = ct(scale) * np.einsum("hij,ihd->jhd", ds, q)
     g = h // hkv
     dk = dk.reshape(sk, hkv, g, d).sum(axis=2)
-    dv = dv.reshape(sk, hkv, g, d).sum(axis=2)
+    dv = dv.reshape(sk, hkv, g, v.shape[-1]).sum(axis=2)
     return tuple(x.astype(np.float64) for x in (dq, dk, dv))
 
 

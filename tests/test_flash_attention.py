@@ -44,6 +44,36 @@ def test_forward_and_grads_match_float64(rng, shape, causal, dtype):
     check_dense(dtype, q, k, v, out, lse, q64, k64, v64, dout64, gl, 1 / math.sqrt(d), causal, (-1, -1))
 
 
+@pytest.mark.parametrize("shape", [(1, 20, 20, 2, 2, 192, 128), (2, 17, 40, 4, 2, 24, 40), (1, 40, 17, 4, 1, 32, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (5, 0))])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_value_head_dim_differs(rng, shape, causal, window, dtype):
+    """value head_dim Dv != D (MLA in MHA form: D 192 = 128 + 64 rope, Dv 128; Dv > D; GQA / MQA, Sq > Sk): out
+    [B, Sq, H, Dv], softmax_lse and the gradients (dv [B, Sk, Hkv, Dv]) against float64; scale 1/sqrt(D)."""
+    b, sq, sk, h, hkv, d, dv = shape
+    q, q64 = make(rng, [b, sq, h, d], dtype)
+    k, k64 = make(rng, [b, sk, hkv, d], dtype)
+    v, v64 = make(rng, [b, sk, hkv, dv], dtype)
+    out, lse = F.flash_attention(q, k, v, causal=causal, window_size=window, return_softmax_lse=True)
+    assert list(out.shape) == [b, sq, h, dv] and list(lse.shape) == [b, h, sq]
+    dout, dout64 = make(rng, [b, sq, h, dv], dtype, requires_grad=False)
+    (out.astype("float32") * dout.astype("float32")).sum().backward()
+    assert list(v.grad.shape) == [b, sk, hkv, dv] and list(k.grad.shape) == [b, sk, hkv, d]
+    check_dense(dtype, q, k, v, out, lse, q64, k64, v64, dout64, None, 1 / math.sqrt(d), causal, window)
+
+
+def test_value_head_dim_differs_empty_problem():
+    """No key: out [B, Sq, H, Dv] of zeros, lse -inf, zero gradients shaped like the inputs."""
+    q = paddle.ones([1, 3, 2, 24], dtype="float32")
+    k, v = paddle.ones([1, 0, 2, 24], dtype="float32"), paddle.ones([1, 0, 2, 8], dtype="float32")
+    q.stop_gradient = False
+    out, lse = F.flash_attention(q, k, v, return_softmax_lse=True)
+    assert list(out.shape) == [1, 3, 2, 8] and (out.numpy() == 0).all() and np.isneginf(lse.numpy()).all()
+    out.sum().backward()
+    assert list(q.grad.shape) == [1, 3, 2, 24] and (q.grad.numpy() == 0).all()
+
+
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [SHAPES[3], SHAPES[4], (1, 130, 300, 2, 2, 16)], ids=lambda s: "x".join(map(str, s)))

@@ -28,6 +28,7 @@ Q, K = [2, 8, 4, 32], [2, 8, 2, 32]
     ((t(Q), t([3, 8, 2, 32]), t([3, 8, 2, 32])), {}, ValueError, "batch"),
     ((t(Q), t(K), t([2, 9, 2, 32])), {}, ValueError, "`key` and `value` must have the same shape"),
     ((t(Q), t([2, 8, 2, 16]), t([2, 8, 2, 16])), {}, ValueError, "head_dim 32 != `key` head_dim 16"),
+    ((t(Q), t(K), t([2, 8, 1, 16])), {}, ValueError, "must have the same shape \\(but for the value head_dim\\)"),
     ((t(Q), t([2, 8, 3, 32]), t([2, 8, 3, 32])), {}, ValueError, r"multiple of the key/value head count \(3\)"),
     ((t([2, 8, 0, 32]), t(K), t(K)), {}, ValueError, "empty axis"),      # no heads (B, Sq, Sk may be 0)
     ((t(Q), t(K), t(K)), {"causal": 1}, TypeError, "`causal` must be a bool"),
@@ -99,6 +100,9 @@ def test_gpu_table_rejects_untuned_shapes(dtype, head_dim, match):
     with pytest.raises((ValueError, TypeError), match=match):
         fa_module._check_gpu_table("flash_attention", dtype, head_dim)
     fa_module._check_gpu_table("flash_attention", "bfloat16", 128)
+    fa_module._check_gpu_table("flash_attention", "bfloat16", 128, 128)
+    with pytest.raises(ValueError, match="value head_dim 64 != query head_dim 128 is not supported on a GPU place"):
+        fa_module._check_gpu_table("flash_attention", "bfloat16", 128, 64)
 
 
 def test_static_mode_raises_not_implemented():

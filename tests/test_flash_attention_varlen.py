@@ -25,7 +25,7 @@ def _cu(lens):
 def _reference(q64, k64, v64, dout64, dlse64, cu_q, cu_k, scale, causal, window, stored_out64=None):
     """Exact float64 results; with stored_out64 (the op's output) the gradients are the floor of its backward."""
     tq, h, d = q64.shape
-    out = np.zeros_like(q64)
+    out = np.zeros((tq, h, v64.shape[-1]))
     lse = np.full((h, tq), -np.inf)
     dq, dk, dv = np.zeros_like(q64), np.zeros_like(k64), np.zeros_like(v64)
     for i in range(len(cu_q) - 1):
@@ -71,6 +71,30 @@ def test_varlen_matches_float64(rng, case, causal, window, dtype):
     assert (to64(out)[end:] == 0).all() and np.isneginf(lse.numpy()[:, end:]).all()
     assert (to64(q.grad)[end:] == 0).all()
     assert (to64(k.grad)[int(cu_k[-1]):] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_value_head_dim_differs(rng, causal):
+    """Dv != D on packed segments (empty and tail rows included): out [Tq, H, Dv] and the gradients vs float64."""
+    lq, lk, pad_q, pad_k = CASES[0]
+    h, hkv, d, dv = 4, 2, 48, 32
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    tq, tk = int(cu_q[-1]) + pad_q, int(cu_k[-1]) + pad_k
+    q, q64 = make(rng, [tq, h, d], "float32")
+    k, k64 = make(rng, [tk, hkv, d], "float32")
+    v, v64 = make(rng, [tk, hkv, dv], "float32")
+    out, lse = F.flash_attention_varlen(q, k, v, paddle.to_tensor(cu_q), paddle.to_tensor(cu_k), max(lq), max(lk),
+                                        causal=causal, return_softmax_lse=True)
+    assert list(out.shape) == [tq, h, dv]
+    dout, dout64 = make(rng, [tq, h, dv], "float32", requires_grad=False)
+    (out * dout).sum().backward()
+    gl = np.zeros([h, tq])
+    scale = 1 / math.sqrt(d)
+    exact = _reference(q64, k64, v64, dout64, gl, cu_q, cu_k, scale, causal, (-1, -1))
+    floor = _reference(q64, k64, v64, dout64, gl, cu_q, cu_k, scale, causal, (-1, -1), stored_out64=to64(out))
+    assert_close("out", to64(out), exact[0], "float32")
+    assert_lse(lse.numpy(), exact[1])
+    assert_grads((q.grad, k.grad, v.grad), exact[2:], floor[2:], "float32")
 
 
 def test_varlen_equals_dense_for_one_segment(rng):

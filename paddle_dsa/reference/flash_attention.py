@@ -49,15 +49,16 @@ def _reduce_groups(dx, groups):
 
 
 def forward_bhsd(q, k, v, scale, causal, window):
-    """q [B,H,Sq,D], k/v [B,Hkv,Sk,D] (compute dtype) -> out [B,H,Sq,D], lse [B,H,Sq]."""
+    """q [B,H,Sq,D], k [B,Hkv,Sk,D], v [B,Hkv,Sk,Dv] (compute dtype) -> out [B,H,Sq,Dv], lse [B,H,Sq]."""
     b, h, sq, d = q.shape
+    dv = v.shape[-1]
     sk = k.shape[2]
     groups = h // k.shape[1]
     k, v = _expand_kv(k, groups), _expand_kv(v, groups)
     left, right = effective_window(causal, window)
     m = paddle.full([b, h, sq, 1], _NEG_INF, dtype=q.dtype)
     l = paddle.zeros([b, h, sq, 1], dtype=q.dtype)
-    acc = paddle.zeros([b, h, sq, d], dtype=q.dtype)
+    acc = paddle.zeros([b, h, sq, dv], dtype=q.dtype)
     for j0 in range(0, sk, BLOCK):
         j1 = min(j0 + BLOCK, sk)
         vis_np = visible_block(sq, sk, j0, j1, left, right)
@@ -84,6 +85,7 @@ def forward_bhsd(q, k, v, scale, causal, window):
 def backward_bhsd(q, k, v, out, dout, lse, dlse, scale, causal, window):
     """Gradients of forward_bhsd. dlse may be None. Returns dq, dk, dv (k/v shapes)."""
     b, h, sq, d = q.shape
+    dvd = v.shape[-1]
     sk = k.shape[2]
     groups = h // k.shape[1]
     k, v = _expand_kv(k, groups), _expand_kv(v, groups)
@@ -103,7 +105,7 @@ def backward_bhsd(q, k, v, out, dout, lse, dlse, scale, causal, window):
         vis_np = visible_block(sq, sk, j0, j1, left, right)
         if not vis_np.any():
             dk_blocks.append(paddle.zeros([b, h, j1 - j0, d], dtype=q.dtype))
-            dv_blocks.append(paddle.zeros([b, h, j1 - j0, d], dtype=q.dtype))
+            dv_blocks.append(paddle.zeros([b, h, j1 - j0, dvd], dtype=q.dtype))
             continue
         live = paddle.logical_and(_mask_tensor(vis_np, q.place), paddle.logical_not(dead))
         kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
@@ -135,7 +137,7 @@ def _bshd(x, dtype):
 
 
 def flash_attention_fwd(q, k, v, scale, causal, window):
-    """Public layout: q [B,Sq,H,D], k/v [B,Sk,Hkv,D] -> out [B,Sq,H,D] (q dtype), lse f32 [B,H,Sq]."""
+    """Public layout: q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv] -> out [B,Sq,H,Dv] (q dtype), lse f32 [B,H,Sq]."""
     ct = _compute_dtype(q)
     out, lse = forward_bhsd(_bhsd(q, ct), _bhsd(k, ct), _bhsd(v, ct), scale, causal, window)
     return _bshd(out, q.dtype), lse.astype(paddle.float32)
@@ -162,10 +164,10 @@ def _seg_bhsd(x, a, b, ct):
 
 
 def flash_attention_varlen_fwd(q, k, v, cu_q, cu_k, scale, causal, window):
-    """Packed: q [Tq,H,D], k/v [Tk,Hkv,D], cu_* host int arrays -> out [Tq,H,D], lse f32 [H,Tq]."""
+    """Packed: q [Tq,H,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], cu_* host int arrays -> out [Tq,H,Dv], lse f32 [H,Tq]."""
     ct = _compute_dtype(q)
-    tq, h, d = q.shape
-    out = paddle.zeros([tq, h, d], dtype=ct)
+    tq, h, _ = q.shape
+    out = paddle.zeros([tq, h, v.shape[-1]], dtype=ct)
     lse = paddle.full([h, tq], _NEG_INF, dtype=ct)
     for qa, qb, ka, kb in _segments(cu_q, cu_k):
         if qb == qa or kb == ka:

@@ -24,13 +24,16 @@ _REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _warned_fallback = set()
 
 
-def _check_gpu_table(op, dtype, head_dim):
+def _check_gpu_table(op, dtype, head_dim, v_head_dim=None):
     """Tensors on a CUDA place go to the kernels: only their supported table is accepted."""
     if dtype not in SUPPORTED.DTYPES:
         V.fail(op, f"dtype {dtype} is not supported on a GPU place; supported: {', '.join(SUPPORTED.DTYPES)}", TypeError)
     if head_dim not in SUPPORTED.HEAD_DIMS:
         V.fail(op, f"head_dim {head_dim} is not supported on a GPU place; supported head_dim: "
                    f"{', '.join(map(str, SUPPORTED.HEAD_DIMS))} (the CPU reference path accepts any)")
+    if v_head_dim is not None and v_head_dim != head_dim:
+        V.fail(op, f"value head_dim {v_head_dim} != query head_dim {head_dim} is not supported on a GPU place (the "
+                   "kernels need equal head dims; the CPU reference path accepts any)")
 
 
 def _use_kernel(op, which, kernel_shape):
@@ -116,11 +119,13 @@ def _check_qkv(op, query, key, value, rank, layout):
 
 
 def _check_heads(op, qs, ks, vs, h_axis):
-    """Head counts and head_dim: H % Hkv == 0, key/value heads and head_dim agree with query."""
-    if ks != vs:
-        V.fail(op, f"`key` and `value` must have the same shape, got {list(ks)} and {list(vs)}")
+    """Head counts and head dims: H % Hkv == 0, key and value agree but for their head_dim, key's head_dim is
+    query's; value's (Dv) may differ (out and dv follow it)."""
+    if ks[:-1] != vs[:-1]:
+        V.fail(op, f"`key` and `value` must have the same shape (but for the value head_dim), got {list(ks)} and "
+                   f"{list(vs)}")
     if qs[-1] != ks[-1]:
-        V.fail(op, f"`query` head_dim {qs[-1]} != `key` head_dim {ks[-1]}; query, key and value must share head_dim")
+        V.fail(op, f"`query` head_dim {qs[-1]} != `key` head_dim {ks[-1]}; query and key must share head_dim")
     h, hkv = qs[h_axis], ks[h_axis]
     if h % hkv != 0:
         V.fail(op, f"the query head count ({h}) must be a multiple of the key/value head count ({hkv}) (GQA/MQA)")
@@ -139,15 +144,16 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     """Attention over [B, S, H, D] tensors.
 
     Args:
-        query: [B, Sq, H, D]; key, value: [B, Sk, Hkv, D] with H % Hkv == 0 (query head h reads key/value
-            head h // (H / Hkv)). bfloat16 or float16 (float32 and float64 on the CPU reference path).
+        query: [B, Sq, H, D]; key: [B, Sk, Hkv, D], value: [B, Sk, Hkv, Dv] with H % Hkv == 0 (query head h
+            reads key/value head h // (H / Hkv)); Dv = D on a GPU place, any Dv on the CPU reference path (e.g.
+            MLA in MHA form: D 192, Dv 128). bfloat16 or float16 (float32 and float64 on the CPU reference path).
         causal: bottom-right aligned causal mask.
         softmax_scale: defaults to 1/sqrt(D).
         window_size: (left, right) sliding window, -1 unbounded.
         return_softmax_lse: also return softmax_lse, float32 [B, H, Sq], natural log (-inf for rows that
             see no key); its gradient is honoured.
     Returns:
-        out [B, Sq, H, D] in query's dtype, or (out, softmax_lse).
+        out [B, Sq, H, Dv] in query's dtype, or (out, softmax_lse).
     """
     op = "flash_attention"
     V.require_dynamic_mode(op)
@@ -160,9 +166,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     causal, scale, window = _options(op, causal, softmax_scale, window_size, return_softmax_lse, qs[3])
     on_gpu = PORT.is_gpu(query)
     if on_gpu:
-        _check_gpu_table(op, dtype, qs[3])
+        _check_gpu_table(op, dtype, qs[3], vs[3])
     if 0 in (qs[0], qs[1], ks[1]):      # no batch, no query row or no key: out 0, lse -inf, zero gradients
-        out, lse = empty_attention((query, key, value), qs, (qs[0], qs[2], qs[1]))
+        out, lse = empty_attention((query, key, value), qs[:3] + vs[3:], (qs[0], qs[2], qs[1]))
         return (out, lse) if return_softmax_lse else out
     cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=on_gpu, max_q=qs[1], max_k=ks[1])
     out, lse = _FlashAttention.apply(query, key, value, cfg)
@@ -175,11 +181,12 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
     """Attention over packed sequences.
 
     Args:
-        query: [Tq, H, D]; key, value: [Tk, Hkv, D]; cu_seqlens_q / cu_seqlens_k: int32 [batch + 1]
+        query: [Tq, H, D]; key: [Tk, Hkv, D], value: [Tk, Hkv, Dv] (Dv as in flash_attention);
+            cu_seqlens_q / cu_seqlens_k: int32 [batch + 1]
             segment offsets (first 0, non-decreasing); max_seqlen_q / max_seqlen_k: ints >= the longest
             segment. Masks apply within each segment (bottom-right aligned per segment).
     Returns:
-        out [Tq, H, D], or (out, softmax_lse float32 [H, Tq]). Rows at or past cu_seqlens_q[-1], and
+        out [Tq, H, Dv], or (out, softmax_lse float32 [H, Tq]). Rows at or past cu_seqlens_q[-1], and
         rows of segments with no keys, get out 0 and softmax_lse -inf.
     """
     op = "flash_attention_varlen"
@@ -198,9 +205,9 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
     on_gpu = PORT.is_gpu(query)
     V.check_same_place(op, ("query", "cu_seqlens_q", "cu_seqlens_k"), (query, cu_seqlens_q, cu_seqlens_k))
     if on_gpu:
-        _check_gpu_table(op, dtype, qs[2])
+        _check_gpu_table(op, dtype, qs[2], vs[2])
     if qs[0] == 0 or ks[0] == 0:        # no query token, or no key token (every row sees no key): no launch
-        out, lse = empty_attention((query, key, value), qs, (qs[1], qs[0]))
+        out, lse = empty_attention((query, key, value), qs[:2] + vs[2:], (qs[1], qs[0]))
         return (out, lse) if return_softmax_lse else out
     kernel_shape = on_gpu
     cu_q_host = cu_k_host = None
