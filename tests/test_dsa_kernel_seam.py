@@ -22,6 +22,7 @@ from paddle_dsa import config
 from paddle_dsa._port import PORT
 from paddle_dsa.kernels import dsa as seam
 from paddle_dsa.nn.functional import _dsa_inputs
+from paddle_dsa.nn.functional import dsa as P_dsa
 from paddle_dsa.ops.dsa import supported
 
 from dsa_fakes import SEAMS, STREAM, FakeKernels, in_fake, install, poisoned_empty
@@ -457,6 +458,66 @@ def test_indexer_kl_loss_sparse_stage_unrouted_stays_on_reference(rng, monkeypat
     _same_index_grads(got[1:], want[1:], ind)
 
 
+def _kl_dense_run(ind, att, upstream=2.5, **kw):
+    """The dense-stage indexer_kl_loss and its gradients to index_q, index_k, weights for an upstream gradient."""
+    for t in ind:
+        t.stop_gradient = False
+        t.clear_gradient()
+    loss = P.indexer_kl_loss(*ind, *att, loss_coeff=0.3, **kw)
+    (loss * upstream).backward()
+    return [loss] + [t.grad.clone() for t in ind]
+
+
+def _close(got, want, rtol=2e-5):
+    """The kernel route's loss and gradients against the reference path's: the same float32 math summed in other
+    row chunks (not bit for bit); no NaN (an unwritten element)."""
+    for g, w in zip(got, want):
+        a, b = g.astype("float32").numpy().astype(np.float64), w.astype("float32").numpy().astype(np.float64)
+        assert a.shape == b.shape and np.isfinite(a).all()
+        assert np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-30) + 1e-7, (np.abs(a - b).max(), np.abs(b).max())
+
+
+@pytest.mark.parametrize("thd", [False, True])
+@pytest.mark.parametrize("mask", ["causal", "ratio2-offsets", "full"])
+def test_indexer_kl_loss_dense_kernel_route(rng, fake, monkeypatch, thd, mask):
+    """The dense stage on the kernel route (its three seams routed, as install() does): forward from the dense
+    recompute seams (loss reduced in Paddle with the visible-key mask built on the device), backward through them and
+    dense_indexer_bwd; loss and gradients equal the reference path's to float32 re-association."""
+    causal, ratio, offsets = {"causal": (True, 1, False), "ratio2-offsets": (True, 2, True),
+                              "full": (False, 1, False)}[mask]
+    ind, att, kw = _dense_index_case(rng, thd, "float32", causal, ratio, offsets)
+    fake.calls.clear()
+    got = _kl_dense_run(ind, att, **kw)
+    assert [c[0] for c in fake.calls] == ["indexer", "attn_score"] * 2 + ["dense_indexer_bwd"]
+    want = reference(monkeypatch, _kl_dense_run, ind, att, **kw)
+    _close(got, want)
+    assert all((g.numpy() != 0).any() for g in got[1:])
+
+
+def test_indexer_kl_loss_dense_kernel_route_chunks(rng, fake, monkeypatch):
+    """BSHD row chunks (DENSE_KL_ELEMS small: 2 rows a chunk, the last one short): each chunk's rows keep the whole
+    problem's mask (q_offsets + r0); the result equals the one-chunk run's."""
+    ind, att, kw = _dense_index_case(rng, False, "bfloat16", True, 2, True)
+    whole = _kl_dense_run(ind, att, **kw)
+    monkeypatch.setattr(P_dsa, "DENSE_KL_ELEMS", 2 * 2 * 30)
+    fake.calls.clear()
+    got = _kl_dense_run(ind, att, **kw)
+    assert [c[0] for c in fake.calls].count("dense_indexer_bwd") == 3
+    _close(got, whole)
+
+
+def test_indexer_kl_loss_dense_stage_unrouted_stays_on_reference(rng, monkeypatch):
+    """As shipped (dense_indexer_bwd not routed until its H200 run): the dense stage runs the reference path with one
+    warning naming that seam; no seam is called."""
+    kernels = install(monkeypatch, routed=False)
+    ind, att, kw = _dense_index_case(rng, True, "float32")
+    monkeypatch.setattr(_dsa_inputs, "_warned", set())
+    with pytest.warns(UserWarning, match="paddle_dsa.indexer_kl_loss: the paddle_dsa.ops.dsa.indexer.dense_bwd "
+                                         "kernel is not routed yet.*reference path on the GPU"):
+        _kl_dense_run(ind, att, **kw)
+    assert kernels.calls == []
+
+
 def _nbytes(allocs):
     size = {paddle.float32: 4, paddle.bfloat16: 2, paddle.int32: 4}
     return sum(int(np.prod(shape)) * size[dtype] for shape, dtype in allocs)
@@ -488,6 +549,39 @@ def test_indexer_kl_loss_kernel_route_buffers_match_docs(rng, monkeypatch):
     assert ((tk, di), paddle.float32) in allocs and ((tq, hi, di), paddle.bfloat16) in allocs
     doc = (ROOT / "docs" / "dsa.md").read_text()
     for text in ("2 x Tq x K x 4 + 2 x Tq x 4 bytes", "Tk x Di x 4", "Tq x Hi x Di x 2", "Tq x Hi x 4"):
+        assert text in doc, text
+
+
+def test_indexer_kl_loss_dense_kernel_route_buffers_match_docs(rng, fake, monkeypatch):
+    """docs/dsa.md's statement of what the dense stage allocates on the kernel route, pinned (BSHD, 3 chunks of 2 rows
+    and 1): every seam buffer from _empty; forward per chunk the four statistics (2 x B x R x Sk x 4 + 2 x B x R x 4
+    bytes), backward per chunk those again plus d_index_q bf16 (B x R x Hi x Di x 2), d_weights float32 (B x R x Hi x
+    4) and a float32 d_index_k (B x Sk x Di x 4)."""
+    allocs = []
+
+    def counting_empty(shape, dtype):
+        allocs.append((tuple(shape), dtype))
+        return poisoned_empty(shape, dtype)
+    monkeypatch.setattr(seam, "_empty", counting_empty)
+    ind, att, kw = _dense_index_case(rng, False, "float32")
+    (b, _, hi, di), sk = ind[0].shape, ind[1].shape[1]
+    assert P_dsa.DENSE_KL_ELEMS == 2 ** 26                  # as docs/dsa.md states
+    monkeypatch.setattr(P_dsa, "DENSE_KL_ELEMS", b * 2 * sk)
+    for t in ind:
+        t.stop_gradient = False
+    loss = P.indexer_kl_loss(*ind, *att, **kw)
+    fwd = list(allocs)
+    allocs.clear()
+    loss.backward()
+    chunks = [2, 2, 1]
+    stats = sum(2 * b * r * sk * 4 + 2 * b * r * 4 for r in chunks)
+    assert sorted(s for s, _ in fwd) == sorted([(b, r, sk) for r in chunks] * 2 + [(b, r) for r in chunks] * 2)
+    assert _nbytes(fwd) == stats
+    grads = sum(b * r * hi * di * 2 + b * r * hi * 4 + b * sk * di * 4 for r in chunks)
+    assert _nbytes(allocs) == stats + grads
+    doc = (ROOT / "docs" / "dsa.md").read_text()
+    for text in ("B x R x Sk <= 2^26", "2 x B x R x Sk x 4 + 2 x B x R x 4 bytes", "B x R x Hi x Di x 2",
+                 "B x R x Hi x 4", "B x Sk x Di x 4"):
         assert text in doc, text
 
 
@@ -587,8 +681,8 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
     the reference path's. sparse_attention: its forward and, with its seam routed (as here), its backward (gradients
     into out and softmax_lse; the unrouted backward's reference path reads cu_seqlens). sparse_indexer_backward
     (grad_loss a tensor or a number: grad_scale and N computed on the device), dense_indexer_backward (THD width
-    from the scores, q_offsets; BSHD with a number) and indexer_kl_loss's sparse stage, forward and backward, with
-    their seams routed (as here). Besides the package's host-read helpers, every Paddle
+    from the scores, q_offsets; BSHD with a number), indexer_kl_loss's sparse stage and its BSHD dense stage, forward
+    and backward, with their seams routed (as here). Besides the package's host-read helpers, every Paddle
     tensor read (numpy, item, tolist, bool, float, int, index) raises outside the fake seams."""
     cu_q, cu_k, off = i32([0, 3, 3, 9]), i32([0, 7, 10, 16]), i32([2, 0, 5])
     iq, ik, w = bf16(rng, [11, 32, 64]), bf16(rng, [17, 64]), f32(rng, [11, 32])
@@ -626,7 +720,8 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
              (_kl_run, ((iq, ik, w), (q, kv, lse), idx), dict(thd, topk_length=tl)),
              (_kl_run, (bind, (bq, bkv, blse), bidx), {}),
              (P.dense_indexer_backward, (iq, ik, w) + dstats + (f32(rng, [1]),), dict(thd, q_offsets=off)),
-             (P.dense_indexer_backward, (biq, bik, bw) + bdstats + (1.5,), dict(ratio=2, loss_coeff=0.5))]
+             (P.dense_indexer_backward, (biq, bik, bw) + bdstats + (1.5,), dict(ratio=2, loss_coeff=0.5)),
+             (_kl_dense_run, (bind, (bq, bkv, blse)), dict(ratio=2, q_offsets=i32([1, 4])))]
 
     def host_read(*_):
         raise AssertionError("a host read on the kernel path")
@@ -648,7 +743,8 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
                                            "indexer"] + ["sparse_attention", "sparse_attention_bwd"] * 3
                                           + ["sparse_indexer_bwd"] * 2
                                           + (["sparse_indexer", "sparse_attn_score"] * 2 + ["sparse_indexer_bwd"]) * 2
-                                          + ["dense_indexer_bwd"] * 2)
+                                          + ["dense_indexer_bwd"] * 2
+                                          + ["indexer", "attn_score"] * 2 + ["dense_indexer_bwd"])
     assert list(got[0].shape) == [11, 8] and list(got[2][0].shape) == [11, 8]      # width: max_seqlen_k
     monkeypatch.setattr(PORT, "to_numpy", saved[0])
     monkeypatch.setattr(_dsa_inputs, "host_ints", saved[1])
@@ -791,7 +887,7 @@ def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     reference, test_sparse_indexer_backward_unrouted_stays_on_reference, test_indexer_kl_loss_sparse_stage_unrouted_
     stays_on_reference). An unrouted sparse_attention gives the CPU reference path's results, and its backward stays on the
     reference path even with the backward seam routed (the backward seam serves only a kernel-route forward).
-    indexer_kl_loss's sparse stage names the first of its three seams that is not routed."""
+    indexer_kl_loss (either stage) names the first of its three seams that is not routed."""
     assert seam.ROUTED == set(seam._NAMES) - {"dense_indexer_bwd"}
     kernels = install(monkeypatch, routed=False)
     monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
@@ -822,6 +918,7 @@ def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     with pytest.warns(UserWarning, match="indexer_kl_loss: the paddle_dsa.ops.dsa.attn_score.sparse kernel is not "
                                          "routed yet.*reference path"):
         P.indexer_kl_loss(iq, ik, w, q, kv, lse, topk_indices=idx)
-    with pytest.warns(UserWarning, match="indexer_kl_loss: no GPU kernel exists for this op yet"):
-        P.indexer_kl_loss(iq, ik, w, q, kv, lse)        # the dense stage
+    with pytest.warns(UserWarning, match="indexer_kl_loss: the paddle_dsa.ops.dsa.attn_score.dense kernel is not "
+                                         "routed yet"):
+        P.indexer_kl_loss(iq, ik, w, q, kv, lse)        # the dense stage: its first unrouted seam
     assert kernels.calls == [] and list(a.shape) == [1, 4, 5]

@@ -690,22 +690,97 @@ def _device_valid(seq, topk_indices, topk_length, cu_q, cu_k):
 
 
 _KL_SLOTS = ("topk_indices", "topk_length", "cu_seqlens_q", "cu_seqlens_k")
+_KL_DENSE = ("q_offsets", "cu_seqlens_q", "cu_seqlens_k")
+
+# The dense stage's kernel route works in query-row chunks (BSHD) so that one [B, R, Sk] float32 statistic stays
+# within this many elements (docs/dsa.md: what it allocates); THD is one chunk, [Tq, W] (W: the longest key sequence).
+DENSE_KL_ELEMS = 1 << 26
+
+
+def _dense_kl_chunks(seq):
+    """(r0, r1) query-row chunks of the dense stage's kernel route."""
+    if seq.thd:
+        return [(0, seq.tq)]
+    rows = max(1, min(seq.sq, DENSE_KL_ELEMS // max(1, seq.batch * seq.sk)))
+    return [(r0, min(seq.sq, r0 + rows)) for r0 in range(0, seq.sq, rows)]
+
+
+def _dense_kl_stats(cfg, t, iq, ik, w, q, kv, lse, r0, r1):
+    """(index_score, index_lse, attn_score, attn_l1norm, q_offsets of the chunk) float32 for query rows [r0, r1)
+    (BSHD; THD: all rows) from the routed dense seams (kernels/dsa.py indexer_scores, dense_attn_scores)."""
+    seq, offs = cfg.seq, t.get("q_offsets")
+    if seq.thd:
+        kw = dict(causal=cfg.causal, ratio=cfg.ratio, q_offsets=offs, cu_q=t["cu_seqlens_q"], cu_k=t["cu_seqlens_k"],
+                  max_q=cfg.max_q, width=cfg.width)
+    else:
+        if r0 > 0:      # the chunk's rows are rows r0.. of each batch: their mask is the whole problem's
+            base = offs if offs is not None else paddle.zeros([seq.batch], dtype=paddle.int32)
+            offs = base + r0
+        kw = dict(causal=cfg.causal, ratio=cfg.ratio, q_offsets=offs, cu_q=None, cu_k=None, max_q=0, width=seq.sk)
+        iq, w, q, lse = iq[:, r0:r1], w[:, r0:r1], q[:, r0:r1], lse[:, :, r0:r1]
+    s, ilse = gpu.indexer_scores(iq, ik, w, with_lse=True, **kw)
+    a, l1 = gpu.dense_attn_scores(q, kv, lse, scale=cfg.scale, **kw)
+    return s, ilse, a, l1, offs
+
+
+def _dense_kl_valid(cfg, t, offs, r0, r1, width):
+    """bool [rows, width]: the chunk's visible (row, key) entries, j < lim(t), computed on the device."""
+    seq = cfg.seq
+    j = paddle.arange(width, dtype=paddle.int64).unsqueeze(0)
+    if seq.thd:
+        cu_q, cu_k = t["cu_seqlens_q"].astype(paddle.int64), t["cu_seqlens_k"].astype(paddle.int64)
+        rows = paddle.arange(seq.tq, dtype=paddle.int64)
+        b = paddle.searchsorted(cu_q[1:], rows, right=True)          # the row's sequence; batch past the last
+        nb = PORT.shape(cu_q)[0] - 1
+        bc = paddle.clip(b, 0, max(nb - 1, 0))
+        pos = rows - paddle.gather(cu_q, bc)
+        sk = paddle.where(b < nb, paddle.gather(cu_k[1:] - cu_k[:-1], bc), paddle.zeros_like(rows))
+        off = paddle.gather(offs.astype(paddle.int64), bc) if offs is not None else paddle.zeros_like(rows)
+    else:               # the chunk's local rows 0..R-1 of every batch, with the chunk's q_offsets (offs)
+        pos = paddle.arange(r1 - r0, dtype=paddle.int64).unsqueeze(0).expand([seq.batch, r1 - r0]).reshape([-1])
+        sk = paddle.full_like(pos, seq.sk)
+        off = paddle.zeros_like(pos) if offs is None else \
+            offs.astype(paddle.int64).unsqueeze(1).expand([seq.batch, r1 - r0]).reshape([-1])
+    lim = sk
+    if cfg.causal:
+        lim = paddle.minimum(paddle.maximum(paddle.floor_divide(off + pos + 1, paddle.full_like(pos, cfg.ratio)),
+                                            paddle.zeros_like(pos)), sk)
+    return j < lim.unsqueeze(1)
+
+
 
 
 class _IndexerKLLoss(paddle.autograd.PyLayer):
     """apply(index_q, index_k, weights, query, kv, softmax_lse, cfg) -> f32 scalar.
 
     Reference route (cfg.kernel False): token-major rows (softmax_lse [Tq, H]); cfg holds the layout and, for the
-    sparse stage, the slot table. Kernel route (cfg.kernel True, sparse stage only): the tensors in the public
-    layout (softmax_lse float32 [B,H,Sq] / [H,Tq]); the forward takes the statistics from the routed seams and
-    reduces them to the loss in Paddle (slot mask and N on the device), the backward recomputes them through the
-    same seams and calls sparse_indexer_bwd with grad_scale computed on the device: no host read, no device-to-host
-    sync. The slot tensors (topk_indices, topk_length, cu_seqlens) are saved with the rest (in-place guard)."""
+    sparse stage, the slot table. Kernel route (cfg.kernel True): the tensors in the public layout (softmax_lse
+    float32 [B,H,Sq] / [H,Tq]); the forward takes the statistics from the routed seams and reduces them to the loss
+    in Paddle (slot or visible-key mask and N on the device), the backward recomputes them through the same seams
+    and calls sparse_indexer_bwd / dense_indexer_bwd with grad_scale computed on the device. Sparse stage: no host
+    read, no device-to-host sync; dense stage: BSHD in query-row chunks (DENSE_KL_ELEMS), no host read; THD one
+    chunk, its grid and width from the host cu_seqlens. The slot / mask tensors (topk_indices, topk_length,
+    q_offsets, cu_seqlens) are saved with the rest (in-place guard)."""
 
     @staticmethod
     def forward(ctx, iq, ik, w, q, kv, lse, cfg):
         names, tensors = ["index_q", "index_k", "weights", "query", "kv", "softmax_lse"], [iq, ik, w, q, kv, lse]
-        if cfg.kernel:
+        if cfg.kernel and not cfg.sparse:
+            t = {n: x for n, x in zip(_KL_DENSE, cfg.slots) if x is not None}
+            seq, total = cfg.seq, paddle.zeros([], dtype=_F32)
+            for r0, r1 in _dense_kl_chunks(seq):
+                s, ilse, a, l1, offs = _dense_kl_stats(cfg, t, iq, ik, w, q, kv, lse, r0, r1)
+                width = PORT.shape(s)[-1]
+                n = math.prod(PORT.shape(ilse))
+                valid = _dense_kl_valid(cfg, t, offs, r0, r1, width)
+                total = total + ref_loss.loss_total(s.reshape([n, width]), ilse.reshape([n]),
+                                                    a.reshape([n, width]), l1.reshape([n]), valid)
+                del s, a, valid
+            loss = _device_norm(seq, total.reshape([1]), cfg.loss_coeff).reshape([])
+            ctx.slot_names = tuple(t)
+            names += list(t)
+            tensors += list(t.values())
+        elif cfg.kernel:
             slots = {n: t for n, t in zip(_KL_SLOTS, cfg.slots) if t is not None}
             s, ilse, a, l1 = _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse)
             seq, kk = cfg.seq, PORT.shape(s)[-1]
@@ -732,6 +807,23 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
         saved = S.load(ctx)
         iq, ik, w, q, kv, lse = saved[:6]
         cfg = ctx.cfg
+        if cfg.kernel and not cfg.sparse:
+            t = dict(zip(ctx.slot_names, saved[6:]))
+            c = _device_grad_scale(cfg.loss_coeff, dloss, cfg.seq)
+            dqs, dws, dk = [], [], None
+            for r0, r1 in _dense_kl_chunks(cfg.seq):
+                s, ilse, a, l1, offs = _dense_kl_stats(cfg, t, iq, ik, w, q, kv, lse, r0, r1)
+                iq_c, w_c = (iq, w) if cfg.seq.thd else (iq[:, r0:r1], w[:, r0:r1])
+                dq_c, dk_c, dw_c = gpu.dense_indexer_bwd(iq_c, ik, w_c, s, ilse, a, l1, c, causal=cfg.causal,
+                                                         ratio=cfg.ratio, q_offsets=offs,
+                                                         cu_q=t.get("cu_seqlens_q"), cu_k=t.get("cu_seqlens_k"))
+                del s, a
+                dqs.append(dq_c)
+                dws.append(dw_c)
+                dk = dk_c if dk is None else dk + dk_c      # fixed order: the chunks in turn
+            cat = (lambda xs: xs[0] if len(xs) == 1 else paddle.concat(xs, axis=1))  # noqa: E731
+            grads = _cast_grads((iq, ik, w), (cat(dqs), dk, cat(dws)))
+            return tuple(gr if want else None for gr, want in zip(grads, ctx.want)) + (None, None, None)
         if cfg.kernel:
             slots = dict(zip(ctx.slot_names, saved[6:]))
             stats = _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse)
@@ -755,20 +847,18 @@ class _IndexerKLLoss(paddle.autograd.PyLayer):
 
 
 def _kl_route(op, on_gpu, sparse, empty):
-    """indexer_kl_loss's route: "kernel" for the sparse stage on a GPU place when sparse_indexer, sparse_attn_score
-    and sparse_indexer_bwd all serve it (else the reference path, warning with the first reason); the dense stage
-    has no kernel (reference, warning); "empty" for a sparse problem with no row, key or slot (any place, no
-    warning: loss 0 and zero gradients built in Paddle)."""
-    if not sparse:
-        _gpu(op, on_gpu)
-        return "reference"
+    """indexer_kl_loss's route: "kernel" on a GPU place when the stage's three seams all serve it (sparse:
+    sparse_indexer, sparse_attn_score, sparse_indexer_bwd; dense: indexer, attn_score, dense_indexer_bwd), else the
+    reference path, warning with the first reason; "empty" for a problem with no row or key (sparse: or no slot;
+    any place, no warning: loss 0 and zero gradients built in Paddle)."""
     if empty:
         return "empty"
     if not on_gpu:
         return "reference"
-    why = next(filter(None, (gpu.missing(w) for w in ("sparse_indexer", "sparse_attn_score", "sparse_indexer_bwd"))),
-               None)
-    return _route(op, on_gpu, "sparse_indexer_bwd", why_not=why)
+    seams = ("sparse_indexer", "sparse_attn_score", "sparse_indexer_bwd") if sparse else \
+        ("indexer", "attn_score", "dense_indexer_bwd")
+    why = next(filter(None, (gpu.missing(w) for w in seams)), None)
+    return _route(op, on_gpu, seams[-1], why_not=why)
 
 
 def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_indices=None, topk_length=None,
@@ -803,12 +893,17 @@ def indexer_kl_loss(index_q, index_k, weights, query, kv, softmax_lse, *, topk_i
     cfg = _Cfg(scale=scale, loss_coeff=coeff, sparse=topk_indices is not None, kernel=False)
     if cfg.sparse:
         idx, tl, k = I.check_topk_indices(op, seq, topk_indices, topk_length, index_q, "index_q")
-    route = _kl_route(op, on_gpu, cfg.sparse, cfg.sparse and (seq.tq == 0 or seq.tk == 0 or k == 0))
+    empty = seq.tq == 0 or seq.tk == 0 or (cfg.sparse and k == 0)
+    route = _kl_route(op, on_gpu, cfg.sparse, empty)
     if route == "empty":    # nothing to sum: the reference path's 0 and zero gradients, without its arithmetic
         return empty_loss((index_q, index_k, weights))
     if route == "kernel":   # public-layout tensors; the attention side a detached constant, as below
         cfg.kernel, cfg.seq = True, seq
-        cfg.slots = (topk_indices, topk_length) + seq.cu_tensors
+        if cfg.sparse:
+            cfg.slots = (topk_indices, topk_length) + seq.cu_tensors
+        else:   # THD: the grid and the score width from the cu_seqlens values (a host read)
+            cfg.causal, cfg.ratio, cfg.slots = causal, ratio, (q_offsets,) + seq.cu_tensors
+            cfg.max_q, cfg.width = (seq.grid_q(), seq.width()) if seq.thd else (0, seq.sk)
         const = (query.detach(), kv.detach(), _f32(softmax_lse).detach())
         return _IndexerKLLoss.apply(index_q, index_k, weights, *const, cfg)
     if cfg.sparse:
