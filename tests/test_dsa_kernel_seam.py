@@ -755,6 +755,9 @@ def test_thd_kernel_path_reads_nothing_on_the_host(rng, fake, monkeypatch):
         if fn is _sparse_attention_run:
             _same_grads(g, want)
             continue
+        if fn is _kl_dense_run:         # the loss summed in other row chunks: float32 re-association
+            _close(g, want)
+            continue
         seqs = (tuple, list)
         for x, y in zip(g if isinstance(g, seqs) else (g,), want if isinstance(want, seqs) else (want,)):
             same(x, y)
