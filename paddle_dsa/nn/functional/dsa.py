@@ -668,6 +668,15 @@ def _kernel_kl_stats(cfg, slots, iq, ik, w, q, kv, lse):
     return s, ilse, a, l1
 
 
+def _row_sequences(seq, cu_q, cu_k):
+    """THD, on the device: (b [Tq], the row's sequence clamped to a valid one; keys [Tq], that sequence's key count,
+    0 for a row at or past cu_seqlens_q[-1]), in cu_q's / cu_k's dtype."""
+    rows = paddle.arange(seq.tq, dtype=cu_q.dtype)
+    b = paddle.searchsorted(cu_q[1:], rows, right=True)    # cu_q[b] <= row < cu_q[b + 1]; b = batch past the last
+    lens = paddle.concat([cu_k[1:] - cu_k[:-1], paddle.zeros([1], dtype=cu_k.dtype)])
+    return paddle.clip(b, 0, max(seq.batch - 1, 0)), paddle.gather(lens, b)
+
+
 def _device_valid(seq, topk_indices, topk_length, cu_q, cu_k):
     """bool [Tq, K]: reference._common.slot_validity's `valid` computed on the device (no host read): 0 <= index <
     the key count of the row's sequence (BSHD Sk; THD from cu_seqlens_k, 0 for rows at or past
@@ -675,11 +684,7 @@ def _device_valid(seq, topk_indices, topk_length, cu_q, cu_k):
     k = PORT.shape(topk_indices)[-1]
     idx = topk_indices.reshape([seq.tq, k])
     if seq.thd:
-        rows = paddle.arange(seq.tq, dtype=cu_q.dtype)
-        # the row's sequence b (cu_q[b] <= row < cu_q[b + 1]); b = batch for a row past the last sequence
-        b = paddle.searchsorted(cu_q[1:], rows, right=True)
-        lens = paddle.concat([cu_k[1:] - cu_k[:-1], paddle.zeros([1], dtype=cu_k.dtype)])
-        length = paddle.gather(lens, b).reshape([seq.tq, 1])
+        length = _row_sequences(seq, cu_q, cu_k)[1].reshape([seq.tq, 1])
     else:
         length = seq.sk
     valid = paddle.logical_and(idx >= 0, idx < length)
@@ -727,15 +732,11 @@ def _dense_kl_valid(cfg, t, offs, r0, r1, width):
     """bool [rows, width]: the chunk's visible (row, key) entries, j < lim(t), computed on the device."""
     seq = cfg.seq
     j = paddle.arange(width, dtype=paddle.int64).unsqueeze(0)
-    if seq.thd:
+    if seq.thd:         # a row past the last sequence has no key (sk 0), so its limit is 0
         cu_q, cu_k = t["cu_seqlens_q"].astype(paddle.int64), t["cu_seqlens_k"].astype(paddle.int64)
-        rows = paddle.arange(seq.tq, dtype=paddle.int64)
-        b = paddle.searchsorted(cu_q[1:], rows, right=True)          # the row's sequence; batch past the last
-        nb = PORT.shape(cu_q)[0] - 1
-        bc = paddle.clip(b, 0, max(nb - 1, 0))
-        pos = rows - paddle.gather(cu_q, bc)
-        sk = paddle.where(b < nb, paddle.gather(cu_k[1:] - cu_k[:-1], bc), paddle.zeros_like(rows))
-        off = paddle.gather(offs.astype(paddle.int64), bc) if offs is not None else paddle.zeros_like(rows)
+        b, sk = _row_sequences(seq, cu_q, cu_k)
+        pos = paddle.arange(seq.tq, dtype=paddle.int64) - paddle.gather(cu_q, b)
+        off = paddle.gather(offs.astype(paddle.int64), b) if offs is not None and seq.batch else paddle.zeros_like(pos)
     else:               # the chunk's local rows 0..R-1 of every batch, with the chunk's q_offsets (offs)
         pos = paddle.arange(r1 - r0, dtype=paddle.int64).unsqueeze(0).expand([seq.batch, r1 - r0]).reshape([-1])
         sk = paddle.full_like(pos, seq.sk)
@@ -746,8 +747,6 @@ def _dense_kl_valid(cfg, t, offs, r0, r1, width):
         lim = paddle.minimum(paddle.maximum(paddle.floor_divide(off + pos + 1, paddle.full_like(pos, cfg.ratio)),
                                             paddle.zeros_like(pos)), sk)
     return j < lim.unsqueeze(1)
-
-
 
 
 class _IndexerKLLoss(paddle.autograd.PyLayer):
