@@ -5,7 +5,8 @@ W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 fini
 indexer writes them). With --ncu, run only the first row once (for `ncu --launch-count 1`).
 
 Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
-again with the shared-memory sort (REG_SORT False) for comparison.
+again with the shared-memory sort (REG_SORT False) for comparison. Every row runs on the streaming kernel
+(stream_sm90, the default for aligned rows) and again on the row-caching one (topk_sm90; fwd.STREAM False).
 
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
 """
@@ -40,14 +41,16 @@ def main(a):
         torch.cuda.synchronize()
         return
     from ops.dsa.topk import fwd, topk_sm90
-    for reg in ([True, False] if a.reg_sort else [True]):
-        topk_sm90.TopkSm90.REG_SORT = reg
-        fwd._CACHE.clear()
-        for name, s, k in cases:
-            out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-            t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-            tag = "" if reg else " (smem sort)"
-            print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
+    for stream in (True, False):
+        fwd.STREAM = stream
+        for reg in ([True, False] if a.reg_sort else [True]):
+            topk_sm90.TopkSm90.REG_SORT = reg
+            fwd._CACHE.clear()
+            for name, s, k in cases:
+                out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+                t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+                tag = ("" if reg else " (smem sort)") + (" stream" if stream else " cached")
+                print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
 if __name__ == "__main__":

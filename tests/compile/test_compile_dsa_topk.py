@@ -25,17 +25,21 @@ def test_pad_k_covers_every_k():
     assert all(pad_k(k) >= k for k in range(1, fwd.MAX_K + 1))
 
 
-def test_topk_ptx(tmp_path):
+@pytest.mark.parametrize("stream", [False, True])
+def test_topk_ptx(tmp_path, stream):
+    """No local memory; the streaming kernel reads scores with 16-byte loads and asks for two CTAs an SM."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
     code = ("import sys; sys.path.insert(0, %r); from ops.dsa.topk import fwd; "
-            "fwd.compile_variant(fwd.variant_key(2048, True, True))" % ROOT)
+            "fwd.compile_variant(fwd.variant_key(2048, True, True, %r))" % (ROOT, stream))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"]
     assert ptx, "no PTX dumped"
     text = ptx[0].read_text()
     assert "atom.shared" in text or "red.shared" in text       # shared-memory histogram
     assert "st.local" not in text and "ld.local" not in text
+    if stream:
+        assert "ld.global.v4" in text and ".minnctapersm 2" in text
 
 
 @pytest.mark.parametrize("p", [512, 1024, 2048])

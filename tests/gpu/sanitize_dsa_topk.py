@@ -1,5 +1,7 @@
-"""One small top-k config (ties at the threshold, lengths, rank 3; one row past the shared-memory cache) for
-compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (-7)."""
+"""Small top-k configs for compute-sanitizer racecheck/memcheck, through both kernels: aligned rows (the streaming
+kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at the threshold, lengths, rank 3, one
+row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback). Exits
+non-zero if any output element is left unwritten (-7)."""
 import os
 import sys
 
@@ -23,8 +25,17 @@ def main():
     s2 = torch.randn(1, 41000, device=dev).round()
     out2 = torch.full((1, 64), -7, dtype=torch.int32, device=dev)
     topk_fwd(s2, out2, stream=stream)
+    outs = [out, out2]
+    crowded = 1.0 + torch.rand(2, 12000, device=dev)
+    for x in (s.reshape(6, 900), s2, crowded):
+        buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
+        buf[:, 1:x.shape[1] + 1] = x
+        for src in (x, buf[:, 1:x.shape[1] + 1]):
+            o = torch.full((x.shape[0], 300), -7, dtype=torch.int32, device=dev)
+            topk_fwd(src, o, stream=stream)
+            outs.append(o)
     torch.cuda.synchronize()
-    bad = int((out == -7).sum() + (out2 == -7).sum())
+    bad = int(sum((o == -7).sum() for o in outs))
     print("sanitize_dsa_topk: unwritten elements:", bad)
     sys.exit(1 if bad else 0)
 

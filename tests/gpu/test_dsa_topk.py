@@ -1,7 +1,9 @@
 """GPU tests of the top-k kernel (ops/dsa/topk/fwd.py) against torch: the semantics are a total order (descending
 score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUAL the reference's: a stable
 descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
-with -7 before each run. Run: python -m pytest -q tests/gpu/test_dsa_topk.py
+with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
+take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
+Run: python -m pytest -q tests/gpu/test_dsa_topk.py
 """
 import os
 import sys
@@ -18,6 +20,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
 
 DEV = "cuda"
+
+
+@pytest.fixture(autouse=True, params=["stream", "cached"])
+def kernel(request, monkeypatch):
+    from ops.dsa.topk import fwd
+    monkeypatch.setattr(fwd, "STREAM", request.param == "stream")
+    return request.param
 
 
 def reference(s, k, lengths=None):
@@ -142,3 +151,38 @@ def test_sort_paths(monkeypatch, k, reg_sort):
     s[0, :] = 1.5
     s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last
     check(s, k)
+
+
+def test_rank3_rows_of_any_strides():
+    """[B, 1, W] and [B, Sq, W] views whose batch stride is not Sq x the row stride (the rows do not merge into one
+    axis): the kernel reads each (batch, query row) through its own strides, lengths too."""
+    torch.manual_seed(5)
+    base = torch.randn(3, 4, 700, device=DEV)
+    lens = torch.randint(0, 800, (3, 4), dtype=torch.int32, device=DEV)
+    check(base[:, 1:2, :], 100, lens[:, 1:2])
+    check(base[:, ::2, :], 300, lens[:, ::2])
+    check(base[:, 1:3, :640], 64)
+
+
+def test_stream_and_cached_kernels_agree(kernel):
+    """The same scores through both kernels (aligned and 4-byte-offset rows, the latter always TopkSm90): equal bits,
+    with ties, -inf runs, a crowded first digit (the streaming kernel's whole-row fallback) and long rows."""
+    from ops.common.tensors import arg_tensor
+    from ops.dsa.topk import fwd
+    if kernel != "stream":
+        pytest.skip("one run covers both kernels")
+    torch.manual_seed(6)
+    rows = [torch.randn(4, 40000, device=DEV), (torch.randn(4, 40000, device=DEV) * 3).round(),
+            1.0 + torch.rand(4, 40000, device=DEV)]
+    rows[1][:, 30000:] = float("-inf")
+    s = torch.cat(rows)
+    buf = torch.empty(s.shape[0], s.shape[1] + 4, device=DEV)
+    for k in (17, 2048):
+        aligned = run(s, k)
+        buf[:, 1:s.shape[1] + 1] = s
+        assert fwd.streamable(arg_tensor(s, "scores"))
+        assert not fwd.streamable(arg_tensor(buf[:, 1:s.shape[1] + 1], "scores"))
+        offset = run(buf[:, 1:s.shape[1] + 1], k)
+        torch.cuda.synchronize()
+        assert torch.equal(aligned, offset)
+        assert torch.equal(aligned, reference(s, k))

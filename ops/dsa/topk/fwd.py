@@ -6,7 +6,10 @@
   out     int32 [..., k] with the same leading shape, 1 <= k <= 2048 (MAX_K); every element written
   lengths int32 of the leading shape, or None: row r considers columns [0, min(lengths[r], W)) (<= 0: none)
 out[r] = the columns of the k largest finite scores of row r, descending, ties lower column first, -1 past the
-row's selectable count (docs/dsa.md). Variants: (k padded to a power of two >= 32, with lengths, rank 3).
+row's selectable count (docs/dsa.md). Variants: (k padded to a power of two >= 32, with lengths, rank 3, stream).
+stream: scores' rows are 16-byte aligned (data pointer % 16 == 0, every stride but the inner one % 4 == 0), read
+with 16-byte loads by stream_sm90.TopkStreamSm90; otherwise topk_sm90.TopkSm90 (4-byte reads). Both give the same
+output bits. Any strides work: rank-3 tensors are read per (batch, query row), no axis merge.
 """
 import os
 
@@ -18,29 +21,40 @@ _CACHE = {}
 MAX_K = supported.TOPK_MAX_K
 
 
-def variant_key(p, has_lengths, rank3):
-    return (int(p), bool(has_lengths), bool(rank3))
+# PADDLE_DSA_TOPK_STREAM=0 keeps every call on TopkSm90 (a diagnostic switch; read once at import)
+STREAM = os.environ.get("PADDLE_DSA_TOPK_STREAM", "1") != "0"
+
+
+def variant_key(p, has_lengths, rank3, stream=False):
+    return (int(p), bool(has_lengths), bool(rank3), bool(stream))
 
 
 def all_variant_keys():
     ps = [32 << i for i in range(7)]          # 32 .. 2048
-    return [variant_key(p, hl, r3) for p in ps for hl in (False, True) for r3 in (False, True)]
+    return [variant_key(p, hl, r3, sm) for p in ps for hl in (False, True) for r3 in (False, True)
+            for sm in (False, True)]
+
+
+def streamable(s):
+    """The scores' rows are 16-byte aligned (the streaming kernel's vector loads)."""
+    return s.ptr % 16 == 0 and all(st % 4 == 0 for st in s.strides[:-1])
 
 
 def fake_args(key):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    p, has_len, rank3 = key
+    p, has_len, rank3, stream = key
     nd = 3 if rank3 else 2
 
-    def t(dtype, rank):
+    def t(dtype, rank, div=1, align=4):
         shape = tuple(cute.sym_int() for _ in range(rank))
-        stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=4)
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
     lens = t(cutlass.Int32, nd - 1) if has_len else None
-    return (t(cutlass.Float32, nd), t(cutlass.Int32, nd), lens, cutlass.Int32(1), make_fake_stream())
+    scores = t(cutlass.Float32, nd, 4, 16) if stream else t(cutlass.Float32, nd)
+    return (scores, t(cutlass.Int32, nd), lens, cutlass.Int32(1), make_fake_stream())
 
 
 def compile_variant(key):
@@ -48,8 +62,10 @@ def compile_variant(key):
     if fn is None:
         import cutlass.cute as cute
         from ...common.tensors import COMPILE_OPTIONS
+        from .stream_sm90 import TopkStreamSm90
         from .topk_sm90 import TopkSm90
-        fn = cute.compile(TopkSm90(*key), *fake_args(key), options=COMPILE_OPTIONS)
+        kernel = (TopkStreamSm90 if key[3] else TopkSm90)(*key[:3])
+        fn = cute.compile(kernel, *fake_args(key), options=COMPILE_OPTIONS)
         _CACHE[key] = fn
     return fn
 
@@ -80,12 +96,7 @@ def topk_fwd(scores, out, *, lengths=None, stream=0):
     s.require_inner_contiguous(4)
     o.require_inner_contiguous(4)
     rank3 = len(s.shape) == 3
-    for t in (s, o) + ((ln,) if ln is not None else ()):
-        if len(t.shape) - (t is ln) > 0 and rank3 and t.shape[0] > 1 and t.shape[1] > 1 and \
-                t.strides[0] != t.shape[1] * t.strides[1]:
-            raise ValueError(f"{t.name}: the batch and seq_q axes must merge (stride[0] == seq_q x stride[1]), "
-                             f"got strides {t.strides}")
     if ln is not None:
         ln.require_inner_contiguous(4)
-    fn = compile_variant(variant_key(pad_k(k), ln is not None, rank3))
+    fn = compile_variant(variant_key(pad_k(k), ln is not None, rank3, STREAM and streamable(s)))
     fn(s.ffi, o.ffi, None if ln is None else ln.ffi, k, stream_handle(stream))

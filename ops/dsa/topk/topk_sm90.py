@@ -75,13 +75,6 @@ class TopkSm90:
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
         P = self.P
-        if cutlass.const_expr(self.rank3):
-            # [B, Sq, W] -> [B * Sq, W] (the seam checks the two leading axes merge)
-            rows = mS.shape[0] * mS.shape[1]
-            mS = cute.make_tensor(mS.iterator, cute.make_layout((rows, mS.shape[2]), stride=(mS.stride[1], 1)))
-            mOut = cute.make_tensor(mOut.iterator, cute.make_layout((rows, mOut.shape[2]), stride=(mOut.stride[1], 1)))
-            if cutlass.const_expr(self.has_lengths):
-                mLen = cute.make_tensor(mLen.iterator, cute.make_layout((rows,), stride=(mLen.stride[1],)))
 
         @cute.struct
         class SharedStorage:
@@ -95,7 +88,7 @@ class TopkSm90:
             misc: cute.struct.MemRange[Int32, 8]
 
         self.shared_storage = SharedStorage
-        self.kernel(mS, mOut, mLen, k).launch(grid=(mS.shape[0], 1, 1), block=(NT, 1, 1), stream=stream)
+        self.kernel(mS, mOut, mLen, k).launch(grid=(self.n_rows(mS), 1, 1), block=(NT, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32):
@@ -117,9 +110,7 @@ class TopkSm90:
         # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
         misc = st.misc.get_tensor(cute.make_layout(8))
 
-        width = mS.shape[1]
-        if cutlass.const_expr(self.has_lengths):
-            width = cutlass.max(cutlass.min(mLen[row], width), 0)
+        gS, gOut, width = self.row_of(mS, mOut, mLen, row)
         cached = width <= CAP
 
         # ---- 1. load (cp.async into the cache, or global reads), keys, count, pass-0 histogram
@@ -130,7 +121,7 @@ class TopkSm90:
         if cached:
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
             for j in cutlass.range(tid, width, NT, unroll=1):
-                cute.copy(atom, cute.local_tile(mS[row, None], (1,), (j,)), cute.local_tile(keys_f, (1,), (j,)))
+                cute.copy(atom, cute.local_tile(gS, (1,), (j,)), cute.local_tile(keys_f, (1,), (j,)))
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()                    # the row cache, hist and misc complete
@@ -143,7 +134,7 @@ class TopkSm90:
                     u = self.key_of(keys_f[j])
                     keys[j] = u                     # in place: this thread's own element
                 else:
-                    u = self.key_of(mS[row, j])
+                    u = self.key_of(gS[j])
             n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
             self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
         n_ok = self.warp_sum(n_ok)
@@ -196,7 +187,7 @@ class TopkSm90:
                         j = c0 + tid
                         u = Int32(0)
                         if j < width:
-                            u = self.load_key(keys, mS, row, j, cached)
+                            u = self.load_key(keys, gS, j, cached)
                         match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
                         self.hist_add(hist, (u >> shift) & 127, match, lane)
                 cute.arch.sync_threads()
@@ -230,13 +221,13 @@ class TopkSm90:
                 j = c0 + tid
                 u = Int32(0)
                 if j < width:
-                    u = self.load_key(keys, mS, row, j, cached)
+                    u = self.load_key(keys, gS, j, cached)
                 take = u != 0 and (u ^ Int32(SIGN)) > t_s
                 if not ranked:
                     take = take or (u != 0 and u == t_u)
                 self.append(sel_u, sel_c, misc, 4, u, j, take, lane)
         if ranked:
-            self.take_ties(keys, mS, row, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+            self.take_ties(keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
         cute.arch.sync_threads()
         n_sel = misc[4]
         for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
@@ -251,11 +242,35 @@ class TopkSm90:
             self.bitonic(sel_u, sel_c, tid)
         for i in cutlass.range(tid, k, NT, unroll=1):
             if i < P:
-                mOut[row, i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
+                gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
             else:
-                mOut[row, i] = Int32(-1)
+                gOut[i] = Int32(-1)
 
     # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def n_rows(self, mS):
+        """Rows of the grid: R, or B x Sq for rank-3 scores (one CTA a row)."""
+        n = mS.shape[0]
+        if cutlass.const_expr(self.rank3):
+            n = mS.shape[0] * mS.shape[1]
+        return n
+
+    @cute.jit
+    def row_of(self, mS, mOut, mLen, row):
+        """(scores row, out row, width) of grid row `row`; rank 3: batch row // Sq, query row % Sq, each tensor with
+        its own strides (no axis merge). width: W, or min(lengths, W) clamped at 0."""
+        if cutlass.const_expr(self.rank3):
+            b = row // mS.shape[1]
+            s = row - b * mS.shape[1]
+            gS, gOut, width = mS[b, s, None], mOut[b, s, None], mS.shape[2]
+            if cutlass.const_expr(self.has_lengths):
+                width = cutlass.max(cutlass.min(mLen[b, s], width), 0)
+        else:
+            gS, gOut, width = mS[row, None], mOut[row, None], mS.shape[1]
+            if cutlass.const_expr(self.has_lengths):
+                width = cutlass.max(cutlass.min(mLen[row], width), 0)
+        return gS, gOut, width
+
     @cute.jit
     def key_of(self, x):
         """Order-preserving u of a float (-0.0 as +0.0: equal scores tie); 0 for +-inf and NaN (never selected)."""
@@ -266,12 +281,12 @@ class TopkSm90:
         return Int32(cutlass.select_(finite, ks ^ Int32(SIGN), Int32(0)))
 
     @cute.jit
-    def load_key(self, keys, mS, row, j, cached):
+    def load_key(self, keys, gS, j, cached):
         u = Int32(0)
         if cached:
             u = keys[j]
         else:
-            u = self.key_of(mS[row, j])
+            u = self.key_of(gS[j])
         return u
 
     @cute.jit
@@ -344,7 +359,7 @@ class TopkSm90:
                     run = run + h
 
     @cute.jit
-    def take_ties(self, keys, mS, row, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp):
+    def take_ties(self, keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp):
         """Keys equal to T, in column order: the first `need` of them join the selection (block-ordered ranks over
         chunks of NT consecutive columns; misc[5] carries the ties seen in earlier chunks)."""
         if tid == 0:
@@ -354,7 +369,7 @@ class TopkSm90:
             j = c0 + tid
             u = Int32(0)
             if j < width:
-                u = self.load_key(keys, mS, row, j, cached)
+                u = self.load_key(keys, gS, j, cached)
             is_eq = u == t_u and j < width
             ballot = cute.arch.vote_ballot_sync(is_eq)
             below = cute.arch.popc(ballot & ((Int32(1) << lane) - 1))

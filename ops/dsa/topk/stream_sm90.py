@@ -1,0 +1,267 @@
+"""Row-wise top-k of fp32 scores, streaming variant (Hopper sm_90a, CuTe DSL): same semantics, same output bits as
+topk_sm90.TopkSm90, for rows whose base is 16-byte aligned (the seam picks it: scores' data pointer % 16 == 0 and
+its row stride % 4 == 0).
+
+Semantics (docs/dsa.md, "Top-k"): per row, the columns of the k largest FINITE scores in descending score order,
+ties lower column first; -inf, +inf and NaN are never selected; slots past the number of selectable scores are -1;
+with lengths, row r sees columns [0, lengths[r]). The key mapping, radix digits, candidate passes, tie ranking and
+the bitonic sort are TopkSm90's (inherited): only the way the row is read changes.
+
+Why a second kernel. TopkSm90 caches a row of up to 40960 columns in 160 KiB of shared memory, so one CTA of 16
+warps owns an SM, and it walks the row one 4-byte element a thread at a time with a dependent chain per element
+(cp.async, then key / match.any / atomic): at 32K x 32K it ran at ~0.4 TB/s, latency-bound. Here nothing of the
+row is cached: the row is read from global memory twice (the second read mostly hits L2: two CTAs an SM keep
+2 x 132 rows of 128 KiB, 34 MiB, under the 50 MiB L2) in tiles of TILE = NT x 4 x U columns, each thread holding
+U 16-byte vectors (U x 4 keys) in registers, so U loads are in flight per thread and the per-key work of a tile is
+independent. Shared memory is 56 KiB (selection, candidates, histogram), so two CTAs share an SM
+(min_blocks_per_mp=2 caps registers at 64).
+
+Passes. A: every tile -> keys, the selectable count and the pass-0 histogram (top 11 bits). If more than k are
+selectable, the digit d0 of the k-th largest key is picked; B (when d0's bin holds at most CAND keys, the common
+case): every tile again -> keys above d0 join the selection, keys in d0 become candidates (with their columns).
+Appends are batched a thread's U x 4 keys at a time: one warp scan of the packed (selection, candidate) counts and
+one atomic per warp and buffer. Passes 1-3 (7-bit digits) and the gather then touch the candidates only. When d0
+holds more than CAND keys, passes 1-3 and the gather sweep the row from global memory in tiles instead. Ties at
+the threshold that cannot all be taken are ranked by column over the whole row (TopkSm90.take_ties, global reads).
+Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
+barrier (sync_threads) that follows all their writers; the row itself never goes through shared memory.
+
+Status: compiles for sm_90a (CPU, 2026-12-03); not yet run on the H200 (tests/gpu/test_dsa_topk.py runs both
+kernels and compares them bit for bit).
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
+
+V = 4                        # fp32 columns per 16-byte vector load
+U = 4                        # vectors per thread per tile
+TILE = NT * V * U            # 8192 columns
+
+
+class TopkStreamSm90(TopkSm90):
+    """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
+
+    @cute.jit
+    def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
+        P = self.P
+
+        @cute.struct
+        class SharedStorage:
+            sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
+            sel_c: cute.struct.MemRange[Int32, P]
+            cand_u: cute.struct.MemRange[Int32, CAND]
+            cand_c: cute.struct.MemRange[Int32, CAND]
+            hist: cute.struct.MemRange[Int32, BINS0]
+            part: cute.struct.MemRange[Int32, NT // 32]
+            misc: cute.struct.MemRange[Int32, 8]
+
+        self.shared_storage = SharedStorage
+        self.kernel(mS, mOut, mLen, k).launch(grid=(self.n_rows(mS), 1, 1), block=(NT, 1, 1), stream=stream,
+                                              min_blocks_per_mp=2, preferred_smem_carveout=100)
+
+    @cute.kernel
+    def kernel(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32):
+        P = self.P
+        tid, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        warp = tid // 32
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.shared_storage)
+        sel_u = st.sel_u.get_tensor(cute.make_layout(P))
+        sel_c = st.sel_c.get_tensor(cute.make_layout(P))
+        cand_u = st.cand_u.get_tensor(cute.make_layout(CAND))
+        cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
+        hist = st.hist.get_tensor(cute.make_layout(BINS0))
+        part = st.part.get_tensor(cute.make_layout(NT // 32))
+        # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
+        misc = st.misc.get_tensor(cute.make_layout(8))
+        ku = cute.make_rmem_tensor((U * V,), Int32)       # a tile's keys of this thread
+
+        gS, gOut, width = self.row_of(mS, mOut, mLen, row)
+
+        # ---- A. keys, selectable count, pass-0 histogram
+        if tid < 8:
+            misc[tid] = Int32(0)
+        for i in cutlass.range_constexpr(BINS0 // NT):
+            hist[tid + NT * i] = Int32(0)
+        cute.arch.sync_threads()                    # hist and misc zeroed
+        n_ok = Int32(0)
+        for t0 in cutlass.range(0, width, TILE, unroll=1):
+            self.load_keys(gS, t0, width, tid, ku)
+            for e in cutlass.range_constexpr(U * V):
+                u = ku[e]
+                n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
+                self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+        n_ok = self.warp_sum(n_ok)
+        if lane == 0:
+            cute.arch.atomic_add(misc.iterator + 0, n_ok)
+        cute.arch.sync_threads()
+        n_valid = misc[0]
+
+        # ---- radix select: T (as u) and the number of keys equal to T that are taken
+        take_all = n_valid <= k
+        t_u = Int32(1)           # below every selectable key: take all
+        need = Int32(0)
+        eq = Int32(0)
+        use_cand = False
+        if not take_all:
+            self.pick_digit(hist, part, misc, k, BINS0, tid, lane, warp)
+            cute.arch.sync_threads()
+            d0 = misc[1]
+            prefix = d0 << SHIFT0
+            remaining = misc[2]
+            eq = misc[3]
+            use_cand = eq <= CAND
+            if use_cand:
+                # B. keys above digit d0 are selected; keys in it become candidates (with their columns)
+                for t0 in cutlass.range(0, width, TILE, unroll=1):
+                    self.load_keys(gS, t0, width, tid, ku)
+                    self.append_tile(ku, t0, tid, lane, d0, Int32(0), Int32(0), True, sel_u, sel_c, cand_u, cand_c,
+                                     misc)
+                cute.arch.sync_threads()
+            n_cand = misc[6]
+            for ps in cutlass.range_constexpr(1, 4):
+                shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
+                if tid < 128:
+                    hist[tid] = Int32(0)
+                cute.arch.sync_threads()
+                if use_cand:
+                    for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+                        i = c0 + tid
+                        u = Int32(0)
+                        if i < n_cand:
+                            u = cand_u[i]
+                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                        self.hist_add(hist, (u >> shift) & 127, match, lane)
+                else:
+                    for t0 in cutlass.range(0, width, TILE, unroll=1):
+                        self.load_keys(gS, t0, width, tid, ku)
+                        for e in cutlass.range_constexpr(U * V):
+                            u = ku[e]
+                            match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                            self.hist_add(hist, (u >> shift) & 127, match, lane)
+                cute.arch.sync_threads()
+                self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
+                cute.arch.sync_threads()
+                prefix = prefix | (misc[1] << shift)
+                remaining = misc[2]
+                eq = misc[3]
+            t_u = prefix
+            need = remaining
+        t_s = t_u ^ Int32(SIGN)
+
+        # ---- gather the selection (keys > T; ties: all, or the `need` lowest columns)
+        ranked = (not take_all) and need < eq
+        cute.arch.sync_threads()
+        if use_cand:
+            n_cand = misc[6]
+            for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+                i = c0 + tid
+                u = Int32(0)
+                c = Int32(0)
+                if i < n_cand:
+                    u = cand_u[i]
+                    c = cand_c[i]
+                take = u != 0 and (u ^ Int32(SIGN)) > t_s
+                if not ranked:
+                    take = take or (u != 0 and u == t_u)
+                self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
+        else:
+            for t0 in cutlass.range(0, width, TILE, unroll=1):
+                self.load_keys(gS, t0, width, tid, ku)
+                self.append_tile(ku, t0, tid, lane, Int32(0), t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c,
+                                 misc, use_digit=False)
+        if ranked:
+            self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+        cute.arch.sync_threads()
+        n_sel = misc[4]
+        for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
+            sel_u[i] = Int32(0)
+            sel_c[i] = Int32(2147483647)
+        cute.arch.sync_threads()
+
+        # ---- bitonic sort, descending by ks, then ascending by column; write k columns
+        if cutlass.const_expr(self.REG_SORT and P >= NT):
+            self.bitonic_regs(sel_u, sel_c, tid)
+        else:
+            self.bitonic(sel_u, sel_c, tid)
+        for i in cutlass.range(tid, k, NT, unroll=1):
+            if i < P:
+                gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
+            else:
+                gOut[i] = Int32(-1)
+
+    # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def load_keys(self, gRow, t0, width, tid, ku):
+        """ku[v * V + e] = the key of column t0 + (v * NT + tid) * V + e (0 past width): U 16-byte loads, issued
+        before any key is formed; a vector that crosses width is read element by element."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        vals = cute.make_rmem_tensor((U * V,), Float32)
+        for v in cutlass.range_constexpr(U):
+            base = t0 + (v * NT + tid) * V
+            if base + V <= width:
+                cute.copy(atom, cute.local_tile(gRow, (V,), (base // V,)),
+                          cute.local_tile(vals, (V,), (v,)))
+            else:
+                for e in cutlass.range_constexpr(V):
+                    x = Float32(float("-inf"))
+                    if base + e < width:
+                        x = gRow[base + e]
+                    vals[v * V + e] = x
+        for i in cutlass.range_constexpr(U * V):
+            ku[i] = self.key_of(vals[i])
+
+    @cute.jit
+    def append_tile(self, ku, t0, tid, lane, d0, t_s, t_u, ties_too, sel_u, sel_c, cand_u, cand_c, misc,
+                    use_digit: cutlass.Constexpr = True):
+        """Append this tile's keys to the selection and the candidates, batched: a thread counts its takes, one warp
+        scan of the packed counts (selection low 16 bits, candidates high: at most 32 x U x V = 512 a warp) and one
+        atomic per warp and buffer give each thread its slots. use_digit: selection = digit above d0, candidates =
+        digit d0; else selection = key above T (or equal to it when ties_too), no candidates. Called by all 32
+        lanes (warp-uniform)."""
+        cnt = Int32(0)
+        for e in cutlass.range_constexpr(U * V):
+            cnt += self.tile_take(ku[e], d0, t_s, t_u, ties_too, use_digit)
+        incl = self.warp_inclusive_scan(cnt, lane)
+        total = cute.arch.shuffle_sync(incl, 31)
+        base_s = Int32(0)
+        base_c = Int32(0)
+        if lane == 0:
+            if (total & 0xFFFF) != 0:
+                base_s = cute.arch.atomic_add(misc.iterator + 4, total & 0xFFFF)
+            if cutlass.const_expr(use_digit):
+                if (total >> 16) != 0:
+                    base_c = cute.arch.atomic_add(misc.iterator + 6, total >> 16)
+        excl = incl - cnt
+        ps = cute.arch.shuffle_sync(base_s, 0) + (excl & 0xFFFF)
+        pc = cute.arch.shuffle_sync(base_c, 0) + (excl >> 16)
+        for e in cutlass.range_constexpr(U * V):
+            u = ku[e]
+            col = t0 + ((e // V) * NT + tid) * V + e % V
+            t = self.tile_take(u, d0, t_s, t_u, ties_too, use_digit)
+            if t == 1:
+                sel_u[ps] = u
+                sel_c[ps] = col
+                ps += 1
+            if t == 0x10000:
+                cand_u[pc] = u
+                cand_c[pc] = col
+                pc += 1
+
+    @cute.jit
+    def tile_take(self, u, d0, t_s, t_u, ties_too, use_digit: cutlass.Constexpr):
+        """1: the key joins the selection, 0x10000: a candidate, 0: neither (u = 0 is never taken)."""
+        r = Int32(0)
+        if cutlass.const_expr(use_digit):
+            dg = (u >> SHIFT0) & (BINS0 - 1)
+            r = Int32(cutlass.select_(u != 0 and dg > d0, Int32(1),
+                                      cutlass.select_(u != 0 and dg == d0, Int32(0x10000), Int32(0))))
+        else:
+            take = u != 0 and (u ^ Int32(SIGN)) > t_s
+            take = take or (ties_too and u != 0 and u == t_u)
+            r = Int32(cutlass.select_(take, Int32(1), Int32(0)))
+        return r
