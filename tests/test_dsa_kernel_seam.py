@@ -509,9 +509,10 @@ def test_indexer_kl_loss_dense_kernel_route_chunks(rng, fake, monkeypatch):
 
 
 def test_indexer_kl_loss_dense_stage_unrouted_stays_on_reference(rng, monkeypatch):
-    """As shipped (dense_indexer_bwd not routed until its H200 run): the dense stage runs the reference path with one
-    warning naming that seam; no seam is called."""
+    """dense_indexer_bwd taken out of ROUTED: the dense stage runs the reference path with one warning naming that
+    seam; no seam is called."""
     kernels = install(monkeypatch, routed=False)
+    monkeypatch.setattr(seam, "ROUTED", seam.ROUTED - {"dense_indexer_bwd"})
     ind, att, kw = _dense_index_case(rng, True, "float32")
     monkeypatch.setattr(_dsa_inputs, "_warned", set())
     with pytest.warns(UserWarning, match="paddle_dsa.indexer_kl_loss: the paddle_dsa.ops.dsa.indexer.dense_bwd "
@@ -887,13 +888,13 @@ def test_missing_kernel_module_falls_back_with_warning(rng, fake, monkeypatch):
 def test_unrouted_and_kernelless_ops_stay_on_reference(rng, monkeypatch):
     """A seam left out of kernels/dsa.py ROUTED (here sparse_attention's and the attention-score recomputes', taken
     out) and the ops with no kernel run the reference path with a warning saying why, even with every module present;
-    as shipped every seam is routed but the dense indexer backward's (its H200 run is pending; the backward seams'
-    fallbacks: test_sparse_attention_backward_unrouted_stays_on_
+    as shipped every seam is routed (the backward seams' fallbacks: test_indexer_kl_loss_dense_stage_unrouted_stays_on_
+    reference, test_sparse_attention_backward_unrouted_stays_on_
     reference, test_sparse_indexer_backward_unrouted_stays_on_reference, test_indexer_kl_loss_sparse_stage_unrouted_
     stays_on_reference). An unrouted sparse_attention gives the CPU reference path's results, and its backward stays on the
     reference path even with the backward seam routed (the backward seam serves only a kernel-route forward).
     indexer_kl_loss (either stage) names the first of its three seams that is not routed."""
-    assert seam.ROUTED == set(seam._NAMES) - {"dense_indexer_bwd"}
+    assert seam.ROUTED == set(seam._NAMES)
     kernels = install(monkeypatch, routed=False)
     monkeypatch.setattr(seam, "ROUTED", frozenset(seam._NAMES) - {"sparse_attention"})
     q, kv, lse = attn_inputs(rng, (1, 4), (1, 5))

@@ -27,11 +27,10 @@ _NAMES = {"indexer": "indexer.fwd", "topk": "topk.fwd", "sparse_indexer": "index
 # The seams the Paddle ops call: a kernel is routed once its tests/gpu suite passes on the H200 (the attention-score
 # recomputes since their wgmma sums are promoted to fp32 every 64 products: ops/dsa/attn_score/dense_sm90.py; the
 # sparse attention forward since 2026-12-03; the sparse attention backward and the sparse indexer backward since their
-# suites, tests/gpu/test_dsa_sparse_attn_bwd.py and test_dsa_indexer_bwd.py, passed on 2026-12-03). Not routed yet:
-# "dense_indexer_bwd" (written 2026-12-03, wired into nn/functional/dsa.py dense_indexer_backward), routed once
-# tests/gpu/test_dsa_indexer_dense_bwd.py passes on the H200. Routing = naming the seam here; a seam left out runs
-# the reference path with a one-time warning.
-ROUTED = frozenset(_NAMES) - {"dense_indexer_bwd"}
+# suites, tests/gpu/test_dsa_sparse_attn_bwd.py and test_dsa_indexer_bwd.py, passed on 2026-12-03; the dense indexer
+# backward since tests/gpu/test_dsa_indexer_dense_bwd.py passed on 2026-12-03, 16:51 UTC). Routing = naming the seam
+# here; a seam left out (tests monkeypatch ROUTED) runs the reference path with a one-time warning.
+ROUTED = frozenset(_NAMES)
 
 
 def _module(which):
