@@ -43,6 +43,14 @@ TILE = NT * V * U            # 8192 columns
 class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
+    # LEAN: the row passes do less per key (read at compile time). Keys keep their bits for +-inf and NaN (key_of
+    # maps them to 0): those land in the pass-0 digits 0-3 (-inf, negative NaN; columns past width read as -inf)
+    # and 0x7FC-0x7FF (+inf, NaN), which no finite score shares, and are dropped there: pass A counts only finite
+    # digits (plain shared-memory atomics, no match.any; the selectable count is the histogram's sum, no per-key
+    # count), pass B never takes a digit above 0x7FB, and the whole-row gather takes only keys of a finite digit.
+    # Finite scores get key_of's keys bit for bit, so the output is the same.
+    LEAN = True
+
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
         P = self.P
@@ -93,8 +101,17 @@ class TopkStreamSm90(TopkSm90):
             self.load_keys(gS, t0, width, tid, ku)
             for e in cutlass.range_constexpr(U * V):
                 u = ku[e]
-                n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
-                self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+                if cutlass.const_expr(self.LEAN):
+                    dg = (u >> SHIFT0) & (BINS0 - 1)
+                    if dg >= 4 and dg < BINS0 - 4:
+                        cute.arch.atomic_add(hist.iterator + dg, Int32(1))
+                else:
+                    n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
+                    self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+        if cutlass.const_expr(self.LEAN):
+            cute.arch.sync_threads()                # every key counted before anyone sums
+            for i in cutlass.range_constexpr(BINS0 // NT):
+                n_ok += hist[tid * (BINS0 // NT) + i]
         n_ok = self.warp_sum(n_ok)
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
@@ -213,7 +230,26 @@ class TopkStreamSm90(TopkSm90):
                         x = gRow[base + e]
                     vals[v * V + e] = x
         for i in cutlass.range_constexpr(U * V):
-            ku[i] = self.key_of(vals[i])
+            if cutlass.const_expr(self.LEAN):
+                ku[i] = self.key_bits(vals[i])
+            else:
+                ku[i] = self.key_of(vals[i])
+
+    @cute.jit
+    def key_bits(self, x):
+        """key_of's order-preserving u for every float (-0.0 as +0.0), without zeroing +-inf and NaN (LEAN)."""
+        b = Float32(x).bitcast(Int32)
+        b = Int32(cutlass.select_(b == Int32(SIGN), Int32(0), b))
+        return b ^ ((b >> 31) | Int32(SIGN))
+
+    @cute.jit
+    def finite_key(self, u):
+        """u (key_bits) is a finite score: its pass-0 digit is none of 0-3 and 0x7FC-0x7FF (key_of: u != 0)."""
+        r = u != 0
+        if cutlass.const_expr(self.LEAN):
+            dg = (u >> SHIFT0) & (BINS0 - 1)
+            r = dg >= 4 and dg < BINS0 - 4
+        return r
 
     @cute.jit
     def append_tile(self, ku, t0, tid, lane, d0, t_s, t_u, ties_too, sel_u, sel_c, cand_u, cand_c, misc,
@@ -258,10 +294,15 @@ class TopkStreamSm90(TopkSm90):
         r = Int32(0)
         if cutlass.const_expr(use_digit):
             dg = (u >> SHIFT0) & (BINS0 - 1)
-            r = Int32(cutlass.select_(u != 0 and dg > d0, Int32(1),
-                                      cutlass.select_(u != 0 and dg == d0, Int32(0x10000), Int32(0))))
+            if cutlass.const_expr(self.LEAN):         # d0 is a finite digit: only a digit above 0x7FB is not
+                r = Int32(cutlass.select_(dg > d0 and dg < BINS0 - 4, Int32(1),
+                                          cutlass.select_(dg == d0, Int32(0x10000), Int32(0))))
+            else:
+                r = Int32(cutlass.select_(u != 0 and dg > d0, Int32(1),
+                                          cutlass.select_(u != 0 and dg == d0, Int32(0x10000), Int32(0))))
         else:
-            take = u != 0 and (u ^ Int32(SIGN)) > t_s
-            take = take or (ties_too and u != 0 and u == t_u)
+            ok = self.finite_key(u)
+            take = ok and (u ^ Int32(SIGN)) > t_s
+            take = take or (ties_too and ok and u == t_u)
             r = Int32(cutlass.select_(take, Int32(1), Int32(0)))
         return r
