@@ -2,7 +2,8 @@
 
 Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shrinks from 2048 to 64 elements),
 W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 finite columns, the rest -inf, as the
-indexer writes them). With --ncu, run only the first row once (for `ncu --launch-count 1`).
+indexer writes them). With --ncu, run only the first row once (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
+inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled torch's randn).
 
 Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
 again with the shared-memory sort (REG_SORT False) for comparison. Every row runs on the streaming kernel

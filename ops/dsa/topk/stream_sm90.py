@@ -26,8 +26,13 @@ the threshold that cannot all be taken are ranked by column over the whole row (
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers; the row itself never goes through shared memory.
 
-Status: compiles for sm_90a (CPU, 2026-12-03); not yet run on the H200 (tests/gpu/test_dsa_topk.py runs both
-kernels and compares them bit for bit).
+Status (H200, 2026-12-03): tests/gpu/test_dsa_topk.py passes in its three modes (this kernel with LEAN, the default,
+and without it, and TopkSm90; indices equal to a stable sort, both kernels equal bit for bit), racecheck 0 hazards
+and memcheck 0 errors (sanitize_dsa_topk.py). 32K rows x 32K columns, k 2048 (bench/topk_breakdown.py, 17:20 UTC):
+LEAN 4.33 ms (993 GB/s), without LEAN 8.48 ms, TopkSm90 13.16 ms; k 64 instead of 2048: 2.50 ms (so the sort of
+2048 is ~1.8 ms of the 4.33); causal scores 4.16 ms. cuDNN frontend's top-k: 1.76 ms in the same session
+(bench/dsa_indexer.py). Next: fewer instructions per key in pass B and the sort (a packed 64-bit compare), and the
+top-k fused into the indexer's epilogue.
 """
 import cutlass
 import cutlass.cute as cute
