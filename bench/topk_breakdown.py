@@ -36,6 +36,8 @@ def main(a):
                         (32768 // R), float("-inf"))
     cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
              ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048)]
+    if a.first:
+        cases = cases[:1]
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
@@ -67,4 +69,5 @@ if __name__ == "__main__":
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--reg-sort", action="store_true")
     p.add_argument("--packed", action="store_true", help="also time the streaming LEAN rows with PACKED_SORT")
+    p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     main(p.parse_args())
