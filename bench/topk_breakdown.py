@@ -8,7 +8,7 @@ inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k reg
 Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
 again with the shared-memory sort (REG_SORT False) for comparison. Every row runs on the streaming kernel
 (stream_sm90, the default for aligned rows; LEAN as shipped, then off) and on the row-caching one (topk_sm90;
-fwd.STREAM False); --packed adds the streaming LEAN rows with the packed 64-bit sort (TopkSm90.PACKED_SORT).
+fwd.STREAM False).
 
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
 """
@@ -45,13 +45,9 @@ def main(a):
         torch.cuda.synchronize()
         return
     from ops.dsa.topk import fwd, stream_sm90, topk_sm90
-    modes = [(True, True, False), (True, False, False), (False, False, False)]
-    if a.packed:
-        modes.insert(1, (True, True, True))
-    for stream, lean, packed in modes:
+    for stream, lean in ((True, True), (True, False), (False, False)):
         fwd.STREAM = stream
         stream_sm90.TopkStreamSm90.LEAN = lean
-        topk_sm90.TopkSm90.PACKED_SORT = packed
         for reg in ([True, False] if a.reg_sort else [True]):
             topk_sm90.TopkSm90.REG_SORT = reg
             fwd._CACHE.clear()
@@ -59,7 +55,6 @@ def main(a):
                 out = torch.empty(R, k, dtype=torch.int32, device="cuda")
                 t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
                 tag = ("" if reg else " (smem sort)") + ((" stream" + (" lean" if lean else "")) if stream else " cached")
-                tag += " packed" if packed else ""
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
@@ -68,6 +63,5 @@ if __name__ == "__main__":
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--reg-sort", action="store_true")
-    p.add_argument("--packed", action="store_true", help="also time the streaming LEAN rows with PACKED_SORT")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     main(p.parse_args())

@@ -43,17 +43,6 @@ def test_topk_ptx(tmp_path, stream):
 
 
 @pytest.mark.parametrize("p", [512, 1024, 2048])
-def test_compile_packed_sort(monkeypatch, p):
-    """The packed 64-bit bitonic sort (TopkSm90.PACKED_SORT, off by default until its H200 run) compiles for both
-    kernels."""
-    from ops.dsa.topk import topk_sm90
-    monkeypatch.setattr(topk_sm90.TopkSm90, "PACKED_SORT", True)
-    monkeypatch.setattr(fwd, "_CACHE", {})
-    for stream in (False, True):
-        assert fwd.compile_variant(fwd.variant_key(p, True, True, stream)) is not None
-
-
-@pytest.mark.parametrize("p", [512, 1024, 2048])
 def test_compile_shared_memory_sort(monkeypatch, p):
     """The shared-memory sort (TopkSm90.REG_SORT False; the default is the register / shuffle bitonic network for
     E = P / 512 elements a thread) still compiles."""

@@ -143,18 +143,16 @@ def test_cuda_graph_capture():
     assert torch.equal(out, reference(s, 512))
 
 
-@pytest.mark.parametrize("sort", ["regs", "packed", "smem"])
+@pytest.mark.parametrize("reg_sort", [True, False])
 @pytest.mark.parametrize("k", [300, 1000, 2048])
-def test_sort_paths(monkeypatch, k, sort, kernel):
-    """The sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
-    registers / shuffles, shared memory only for partners 32 E apart), the same network on packed 64-bit values
-    (PACKED_SORT) and the shared-memory network (REG_SORT False): same indices as the stable sort, with ties and
-    padding."""
+def test_sort_paths(monkeypatch, k, reg_sort, kernel):
+    """Both sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
+    registers / shuffles, shared memory only for partners 32 E apart) and the shared-memory network (REG_SORT
+    False): same indices as the stable sort, with ties and padding."""
     from ops.dsa.topk import fwd, topk_sm90
     if kernel == "stream-full":
         pytest.skip("the sorts are the same code in both stream modes")
-    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", sort != "smem")
-    monkeypatch.setattr(topk_sm90.TopkSm90, "PACKED_SORT", sort == "packed")
+    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", reg_sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
     torch.manual_seed(k)
     check(torch.randn(16, 32768, device=DEV), k)

@@ -206,7 +206,10 @@ class TopkStreamSm90(TopkSm90):
         cute.arch.sync_threads()
 
         # ---- bitonic sort, descending by ks, then ascending by column; write k columns
-        self.sort_selection(sel_u, sel_c, tid)
+        if cutlass.const_expr(self.REG_SORT and P >= NT):
+            self.bitonic_regs(sel_u, sel_c, tid)
+        else:
+            self.bitonic(sel_u, sel_c, tid)
         for i in cutlass.range(tid, k, NT, unroll=1):
             if i < P:
                 gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))

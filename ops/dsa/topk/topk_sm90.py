@@ -68,10 +68,6 @@ class TopkSm90:
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs)."""
 
     REG_SORT = True      # bitonic_regs for P >= NT (H200 2026-12-03: 13.2 ms vs 15.0 at 32K x 32K k 2048); False: bitonic()
-    # PACKED_SORT: bitonic_packed instead of bitonic_regs (one signed 64-bit compare a pair instead of key / column
-    # compares; the network checked by a CPU emulation, 2026-12-03). Off until tests/gpu/test_dsa_topk.py passes
-    # with it on the H200 (test_sort_paths runs it).
-    PACKED_SORT = False
 
     def __init__(self, p: int, has_lengths: bool, rank3: bool):
         assert p >= 32 and p & (p - 1) == 0 and p <= 2048, p
@@ -243,7 +239,10 @@ class TopkSm90:
         cute.arch.sync_threads()
 
         # ---- 4. bitonic sort, descending by ks, then ascending by column
-        self.sort_selection(sel_u, sel_c, tid)
+        if cutlass.const_expr(self.REG_SORT and P >= NT):
+            self.bitonic_regs(sel_u, sel_c, tid)
+        else:
+            self.bitonic(sel_u, sel_c, tid)
         for i in cutlass.range(tid, k, NT, unroll=1):
             if i < P:
                 gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
@@ -400,76 +399,6 @@ class TopkSm90:
         """(ua, ca) sorts before (ub, cb): larger key first, then lower column."""
         ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
         return ka > kb or (ka == kb and ca < cb)
-
-    @cute.jit
-    def sort_selection(self, sel_u, sel_c, tid):
-        """Sort sel_u / sel_c (P pairs, padding u = 0 last) in place, descending by key, then ascending by column;
-        the caller's barrier precedes (the selection complete), the sorts end with one (the result complete)."""
-        if cutlass.const_expr(self.REG_SORT and self.P >= NT):
-            if cutlass.const_expr(self.PACKED_SORT):
-                self.bitonic_packed(sel_u, sel_c, tid)
-            else:
-                self.bitonic_regs(sel_u, sel_c, tid)
-        else:
-            self.bitonic(sel_u, sel_c, tid)
-
-    @cute.jit
-    def bitonic_packed(self, sel_u, sel_c, tid):
-        """bitonic_regs' network and element mapping on one signed 64-bit value a pair: v = (ks << 32) | (2^31 - 1 -
-        column), ks = u ^ 0x80000000 (orders like the score), so descending v is descending score, then ascending
-        column, and padding (u = 0, column 2^31 - 1) is the smallest v. A compare-exchange is one 64-bit compare
-        and two selects; shuffles and the shared-memory stages move the two 32-bit halves (sel_u = high,
-        sel_c = low); the halves are unpacked to (u, column) at the end."""
-        P = self.P
-        E = P // NT
-        rv = cute.make_rmem_tensor((E,), cutlass.Int64)
-        for r in cutlass.range_constexpr(E):
-            hi = sel_u[tid * E + r] ^ Int32(SIGN)
-            lo = Int32(2147483647) - sel_c[tid * E + r]
-            rv[r] = (cutlass.Int64(hi) << 32) | cutlass.Int64(lo)
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                if cutlass.const_expr(stride < E):
-                    for r in cutlass.range_constexpr(E):
-                        j = r ^ stride
-                        if cutlass.const_expr(j > r):
-                            desc = ((tid * E + r) & size) == 0
-                            a, b = rv[r], rv[j]
-                            a_big = a > b
-                            big = cutlass.Int64(cutlass.select_(a_big, a, b))
-                            small = cutlass.Int64(cutlass.select_(a_big, b, a))
-                            rv[r] = cutlass.Int64(cutlass.select_(desc, big, small))
-                            rv[j] = cutlass.Int64(cutlass.select_(desc, small, big))
-                else:
-                    m = stride // E
-                    ov = cute.make_rmem_tensor((E,), cutlass.Int64)
-                    if cutlass.const_expr(m < 32):
-                        for r in cutlass.range_constexpr(E):
-                            ohi = cute.arch.shuffle_sync_bfly(Int32(rv[r] >> 32), offset=m)
-                            olo = cute.arch.shuffle_sync_bfly(Int32(rv[r] & 0x7FFFFFFF), offset=m)
-                            ov[r] = (cutlass.Int64(ohi) << 32) | cutlass.Int64(olo)
-                    else:
-                        for r in cutlass.range_constexpr(E):
-                            sel_u[tid * E + r] = Int32(rv[r] >> 32)
-                            sel_c[tid * E + r] = Int32(rv[r] & 0x7FFFFFFF)
-                        cute.arch.sync_threads()            # every thread's elements written
-                        for r in cutlass.range_constexpr(E):
-                            ov[r] = (cutlass.Int64(sel_u[(tid ^ m) * E + r]) << 32) | \
-                                cutlass.Int64(sel_c[(tid ^ m) * E + r])
-                        cute.arch.sync_threads()            # every partner read before the next write
-                    for r in cutlass.range_constexpr(E):
-                        i = tid * E + r
-                        want_first = ((i & stride) == 0) == ((i & size) == 0)
-                        take = (rv[r] > ov[r]) != want_first
-                        rv[r] = cutlass.Int64(cutlass.select_(take, ov[r], rv[r]))
-                stride = stride // 2
-            size = size * 2
-        for r in cutlass.range_constexpr(E):
-            sel_u[tid * E + r] = Int32(rv[r] >> 32) ^ Int32(SIGN)
-            sel_c[tid * E + r] = Int32(2147483647) - Int32(rv[r] & 0x7FFFFFFF)
-        cute.arch.sync_threads()                    # the sorted selection complete before the output loop
 
     @cute.jit
     def bitonic_regs(self, sel_u, sel_c, tid):
