@@ -31,8 +31,9 @@ and without it, and TopkSm90; indices equal to a stable sort, both kernels equal
 and memcheck 0 errors (sanitize_dsa_topk.py). 32K rows x 32K columns, k 2048 (bench/topk_breakdown.py, 17:20 UTC):
 LEAN 4.33 ms (993 GB/s), without LEAN 8.48 ms, TopkSm90 13.16 ms; k 64 instead of 2048: 2.50 ms (so the sort of
 2048 is ~1.8 ms of the 4.33); causal scores 4.16 ms. cuDNN frontend's top-k: 1.76 ms in the same session
-(bench/dsa_indexer.py). Next: fewer instructions per key in pass B and the sort (a packed 64-bit compare), and the
-top-k fused into the indexer's epilogue.
+(bench/dsa_indexer.py). Tried: the bitonic network on packed 64-bit (key, column) values, one compare a pair:
+correct, but 4.85 ms against 4.33 (17:33 UTC), not kept. Next: fewer instructions per key in pass B, a sort with
+fewer stages than the 66 of a bitonic network of 2048, and the top-k fused into the indexer's epilogue.
 """
 import cutlass
 import cutlass.cute as cute
