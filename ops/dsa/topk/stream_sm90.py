@@ -145,33 +145,8 @@ class TopkStreamSm90(TopkSm90):
                     self.append_tile(ku, t0, tid, lane, d0, Int32(0), Int32(0), True, sel_u, sel_c, cand_u, cand_c,
                                      misc)
                 cute.arch.sync_threads()
-            n_cand = misc[6]
-            for ps in cutlass.range_constexpr(1, 4):
-                shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
-                if tid < 128:
-                    hist[tid] = Int32(0)
-                cute.arch.sync_threads()
-                if use_cand:
-                    for c0 in cutlass.range(0, n_cand, NT, unroll=1):
-                        i = c0 + tid
-                        u = Int32(0)
-                        if i < n_cand:
-                            u = cand_u[i]
-                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                        self.hist_add(hist, (u >> shift) & 127, match, lane)
-                else:
-                    for t0 in cutlass.range(0, width, TILE, unroll=1):
-                        self.load_keys(gS, t0, width, tid, ku)
-                        for e in cutlass.range_constexpr(U * V):
-                            u = ku[e]
-                            match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                            self.hist_add(hist, (u >> shift) & 127, match, lane)
-                cute.arch.sync_threads()
-                self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
-                cute.arch.sync_threads()
-                prefix = prefix | (misc[1] << shift)
-                remaining = misc[2]
-                eq = misc[3]
+            prefix, remaining, eq = self.refine(hist, part, misc, cand_u, use_cand, (gS, ku), width, prefix,
+                                                remaining, eq, tid, lane, warp)
             t_u = prefix
             need = remaining
         t_s = t_u ^ Int32(SIGN)
@@ -180,18 +155,7 @@ class TopkStreamSm90(TopkSm90):
         ranked = (not take_all) and need < eq
         cute.arch.sync_threads()
         if use_cand:
-            n_cand = misc[6]
-            for c0 in cutlass.range(0, n_cand, NT, unroll=1):
-                i = c0 + tid
-                u = Int32(0)
-                c = Int32(0)
-                if i < n_cand:
-                    u = cand_u[i]
-                    c = cand_c[i]
-                take = u != 0 and (u ^ Int32(SIGN)) > t_s
-                if not ranked:
-                    take = take or (u != 0 and u == t_u)
-                self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
+            self.gather_candidates(cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane)
         else:
             for t0 in cutlass.range(0, width, TILE, unroll=1):
                 self.load_keys(gS, t0, width, tid, ku)
@@ -199,25 +163,22 @@ class TopkStreamSm90(TopkSm90):
                                  misc, use_digit=False)
         if ranked:
             self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
-        cute.arch.sync_threads()
-        n_sel = misc[4]
-        for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
-            sel_u[i] = Int32(0)
-            sel_c[i] = Int32(2147483647)
-        cute.arch.sync_threads()
-
         # ---- bitonic sort, descending by ks, then ascending by column; write k columns
-        if cutlass.const_expr(self.REG_SORT and P >= NT):
-            self.bitonic_regs(sel_u, sel_c, tid)
-        else:
-            self.bitonic(sel_u, sel_c, tid)
-        for i in cutlass.range(tid, k, NT, unroll=1):
-            if i < P:
-                gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
-            else:
-                gOut[i] = Int32(-1)
+        self.sort_and_write(sel_u, sel_c, misc, gOut, k, tid)
 
     # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def row_hist(self, src, width, prefix, shift, hist, tid, lane):
+        """Passes 1-3 without candidates (refine): the row's keys matching the prefix, read in tiles. src = (scores
+        row, this thread's key registers)."""
+        gS, ku = src
+        for t0 in cutlass.range(0, width, TILE, unroll=1):
+            self.load_keys(gS, t0, width, tid, ku)
+            for e in cutlass.range_constexpr(U * V):
+                u = ku[e]
+                match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                self.hist_add(hist, (u >> shift) & 127, match, lane)
+
     @cute.jit
     def load_keys(self, gRow, t0, width, tid, ku):
         """ku[v * V + e] = the key of column t0 + (v * NT + tid) * V + e (0 past width): U 16-byte loads, issued

@@ -171,34 +171,8 @@ class TopkSm90:
                     self.append(sel_u, sel_c, misc, 4, u, j, u != 0 and dg > d0, lane)
                     self.append(cand_u, cand_c, misc, 6, u, j, u != 0 and dg == d0, lane)
                 cute.arch.sync_threads()
-            n_cand = misc[6]
-            for ps in cutlass.range_constexpr(1, 4):
-                shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
-                if tid < 128:
-                    hist[tid] = Int32(0)
-                cute.arch.sync_threads()
-                if use_cand:
-                    for c0 in cutlass.range(0, n_cand, NT, unroll=1):
-                        i = c0 + tid
-                        u = Int32(0)
-                        if i < n_cand:
-                            u = cand_u[i]
-                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                        self.hist_add(hist, (u >> shift) & 127, match, lane)
-                else:
-                    for c0 in cutlass.range(0, width, NT, unroll=1):
-                        j = c0 + tid
-                        u = Int32(0)
-                        if j < width:
-                            u = self.load_key(keys, gS, j, cached)
-                        match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                        self.hist_add(hist, (u >> shift) & 127, match, lane)
-                cute.arch.sync_threads()
-                self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
-                cute.arch.sync_threads()
-                prefix = prefix | (misc[1] << shift)
-                remaining = misc[2]
-                eq = misc[3]
+            prefix, remaining, eq = self.refine(hist, part, misc, cand_u, use_cand, (keys, gS, cached), width,
+                                                prefix, remaining, eq, tid, lane, warp)
             t_u = prefix
             need = remaining
         t_s = t_u ^ Int32(SIGN)
@@ -207,18 +181,7 @@ class TopkSm90:
         ranked = (not take_all) and need < eq
         cute.arch.sync_threads()
         if use_cand:
-            n_cand = misc[6]
-            for c0 in cutlass.range(0, n_cand, NT, unroll=1):
-                i = c0 + tid
-                u = Int32(0)
-                c = Int32(0)
-                if i < n_cand:
-                    u = cand_u[i]
-                    c = cand_c[i]
-                take = u != 0 and (u ^ Int32(SIGN)) > t_s
-                if not ranked:
-                    take = take or (u != 0 and u == t_u)
-                self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
+            self.gather_candidates(cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane)
         else:
             for c0 in cutlass.range(0, width, NT, unroll=1):
                 j = c0 + tid
@@ -231,14 +194,79 @@ class TopkSm90:
                 self.append(sel_u, sel_c, misc, 4, u, j, take, lane)
         if ranked:
             self.take_ties(keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+        # ---- 4. bitonic sort, descending by ks, then ascending by column; write k columns
+        self.sort_and_write(sel_u, sel_c, misc, gOut, k, tid)
+
+    # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def row_hist(self, src, width, prefix, shift, hist, tid, lane):
+        """Passes 1-3 without candidates: the histogram of digit (u >> shift) & 127 of every key of the row that
+        matches the prefix above it. src = (row cache, scores row, cached)."""
+        keys, gS, cached = src
+        for c0 in cutlass.range(0, width, NT, unroll=1):
+            j = c0 + tid
+            u = Int32(0)
+            if j < width:
+                u = self.load_key(keys, gS, j, cached)
+            match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+            self.hist_add(hist, (u >> shift) & 127, match, lane)
+
+    @cute.jit
+    def refine(self, hist, part, misc, cand_u, use_cand, src, width, prefix, remaining, eq, tid, lane, warp):
+        """Radix passes 1-3 (7-bit digits below the pass-0 digit): over the candidates when use_cand, else over the
+        whole row (row_hist, the kernel's own reader of src). Returns (prefix = T, remaining = how many keys equal
+        to T are taken, eq = how many exist). Every histogram is read after the barrier that follows its writers."""
+        n_cand = misc[6]
+        for ps in cutlass.range_constexpr(1, 4):
+            shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
+            if tid < 128:
+                hist[tid] = Int32(0)
+            cute.arch.sync_threads()
+            if use_cand:
+                for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+                    i = c0 + tid
+                    u = Int32(0)
+                    if i < n_cand:
+                        u = cand_u[i]
+                    match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
+                    self.hist_add(hist, (u >> shift) & 127, match, lane)
+            else:
+                self.row_hist(src, width, prefix, shift, hist, tid, lane)
+            cute.arch.sync_threads()
+            self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
+            cute.arch.sync_threads()
+            prefix = prefix | (misc[1] << shift)
+            remaining = misc[2]
+            eq = misc[3]
+        return prefix, remaining, eq
+
+    @cute.jit
+    def gather_candidates(self, cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane):
+        """Candidates above T join the selection, and those equal to T unless they are ranked (take_ties)."""
+        n_cand = misc[6]
+        for c0 in cutlass.range(0, n_cand, NT, unroll=1):
+            i = c0 + tid
+            u = Int32(0)
+            c = Int32(0)
+            if i < n_cand:
+                u = cand_u[i]
+                c = cand_c[i]
+            take = u != 0 and (u ^ Int32(SIGN)) > t_s
+            if not ranked:
+                take = take or (u != 0 and u == t_u)
+            self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
+
+    @cute.jit
+    def sort_and_write(self, sel_u, sel_c, misc, gOut, k, tid):
+        """After every append (a barrier first): pad the selection to P (u = 0 sorts last), sort it, write the k
+        output columns (-1 for padding and past P)."""
+        P = self.P
         cute.arch.sync_threads()
         n_sel = misc[4]
         for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
             sel_u[i] = Int32(0)
             sel_c[i] = Int32(2147483647)
         cute.arch.sync_threads()
-
-        # ---- 4. bitonic sort, descending by ks, then ascending by column
         if cutlass.const_expr(self.REG_SORT and P >= NT):
             self.bitonic_regs(sel_u, sel_c, tid)
         else:
@@ -249,7 +277,6 @@ class TopkSm90:
             else:
                 gOut[i] = Int32(-1)
 
-    # ------------------------------------------------------------------------------------------ pieces
     @cute.jit
     def n_rows(self, mS):
         """Rows of the grid: R, or B x Sq for rank-3 scores (one CTA a row)."""
