@@ -38,6 +38,9 @@ def main(a):
              ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048)]
     if a.first:
         cases = cases[:1]
+    if a.sweep:
+        sweep(cases, R, st)
+        return
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
@@ -58,10 +61,30 @@ def main(a):
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
+def sweep(cases, R, st):
+    """The streaming kernel's launch shape (LEAN): U 16-byte vectors a thread per tile x CTAs an SM (registers capped
+    to fit them; ptxas 2026-12-03: (4, 2) 55-63 registers, (2, 3) 38, (1, 4) 32, (8, 1) 121, no spills; (4, 3) and
+    (8, 2) spill, so they are not in the list)."""
+    from ops.dsa.topk import fwd, stream_sm90
+    fwd.STREAM = True
+    for u, mb in ((4, 2), (2, 2), (2, 3), (1, 3), (1, 4), (8, 1)):
+        stream_sm90.TopkStreamSm90.U, stream_sm90.TopkStreamSm90.MIN_BLOCKS = u, mb
+        fwd._CACHE.clear()
+        for name, s, k in cases:
+            out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+            try:
+                t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+                print(f"{name + f' U{u} x{mb}':34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name + f' U{u} x{mb}':34s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--reg-sort", action="store_true")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
+    p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
     main(p.parse_args())

@@ -42,6 +42,16 @@ def test_topk_ptx(tmp_path, stream):
         assert "ld.global.v4" in text and ".minnctapersm 2" in text
 
 
+@pytest.mark.parametrize("u,mb", [(2, 3), (1, 4), (8, 1)])
+def test_compile_stream_launch_shapes(monkeypatch, u, mb):
+    """The streaming kernel's other launch shapes (bench/topk_breakdown.py --sweep) compile."""
+    from ops.dsa.topk import stream_sm90
+    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "U", u)
+    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "MIN_BLOCKS", mb)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    assert fwd.compile_variant(fwd.variant_key(2048, True, True, True)) is not None
+
+
 @pytest.mark.parametrize("p", [512, 1024, 2048])
 def test_compile_shared_memory_sort(monkeypatch, p):
     """The shared-memory sort (TopkSm90.REG_SORT False; the default is the register / shuffle bitonic network for

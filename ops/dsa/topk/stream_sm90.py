@@ -14,7 +14,9 @@ row is cached: the row is read from global memory twice (the second read mostly 
 2 x 132 rows of 128 KiB, 34 MiB, under the 50 MiB L2) in tiles of TILE = NT x 4 x U columns, each thread holding
 U 16-byte vectors (U x 4 keys) in registers, so U loads are in flight per thread and the per-key work of a tile is
 independent. Shared memory is 56 KiB (selection, candidates, histogram), so two CTAs share an SM
-(min_blocks_per_mp=2 caps registers at 64).
+(MIN_BLOCKS = 2: min_blocks_per_mp caps registers at 64). U and MIN_BLOCKS are class attributes that
+bench/topk_breakdown.py --sweep varies ((2, 3), (1, 4), (8, 1) also compile without spills); only the default
+(4, 2) has run the GPU tests.
 
 Passes. A: every tile -> keys, the selectable count and the pass-0 histogram (top 11 bits). If more than k are
 selectable, the digit d0 of the k-th largest key is picked; B (when d0's bin holds at most CAND keys, the common
@@ -42,8 +44,7 @@ from cutlass import Float32, Int32
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load
-U = 4                        # vectors per thread per tile
-TILE = NT * V * U            # 8192 columns
+U = 4                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep-u)
 
 
 class TopkStreamSm90(TopkSm90):
@@ -56,6 +57,8 @@ class TopkStreamSm90(TopkSm90):
     # count), pass B never takes a digit above 0x7FB, and the whole-row gather takes only keys of a finite digit.
     # Finite scores get key_of's keys bit for bit, so the output is the same.
     LEAN = True
+    U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (8192 at U = 4)
+    MIN_BLOCKS = 2               # CTAs an SM the registers are capped for (2: 64 registers, 56 KiB of shared memory)
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
@@ -73,7 +76,7 @@ class TopkStreamSm90(TopkSm90):
 
         self.shared_storage = SharedStorage
         self.kernel(mS, mOut, mLen, k).launch(grid=(self.n_rows(mS), 1, 1), block=(NT, 1, 1), stream=stream,
-                                              min_blocks_per_mp=2, preferred_smem_carveout=100)
+                                              min_blocks_per_mp=self.MIN_BLOCKS, preferred_smem_carveout=100)
 
     @cute.kernel
     def kernel(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32):
@@ -92,7 +95,7 @@ class TopkStreamSm90(TopkSm90):
         part = st.part.get_tensor(cute.make_layout(NT // 32))
         # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
         misc = st.misc.get_tensor(cute.make_layout(8))
-        ku = cute.make_rmem_tensor((U * V,), Int32)       # a tile's keys of this thread
+        ku = cute.make_rmem_tensor((self.U * V,), Int32)       # a tile's keys of this thread
 
         gS, gOut, width = self.row_of(mS, mOut, mLen, row)
 
@@ -103,9 +106,9 @@ class TopkStreamSm90(TopkSm90):
             hist[tid + NT * i] = Int32(0)
         cute.arch.sync_threads()                    # hist and misc zeroed
         n_ok = Int32(0)
-        for t0 in cutlass.range(0, width, TILE, unroll=1):
+        for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku)
-            for e in cutlass.range_constexpr(U * V):
+            for e in cutlass.range_constexpr(self.U * V):
                 u = ku[e]
                 if cutlass.const_expr(self.LEAN):
                     dg = (u >> SHIFT0) & (BINS0 - 1)
@@ -140,7 +143,7 @@ class TopkStreamSm90(TopkSm90):
             use_cand = eq <= CAND
             if use_cand:
                 # B. keys above digit d0 are selected; keys in it become candidates (with their columns)
-                for t0 in cutlass.range(0, width, TILE, unroll=1):
+                for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
                     self.load_keys(gS, t0, width, tid, ku)
                     self.append_tile(ku, t0, tid, lane, d0, Int32(0), Int32(0), True, sel_u, sel_c, cand_u, cand_c,
                                      misc)
@@ -157,7 +160,7 @@ class TopkStreamSm90(TopkSm90):
         if use_cand:
             self.gather_candidates(cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane)
         else:
-            for t0 in cutlass.range(0, width, TILE, unroll=1):
+            for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
                 self.load_keys(gS, t0, width, tid, ku)
                 self.append_tile(ku, t0, tid, lane, Int32(0), t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c,
                                  misc, use_digit=False)
@@ -172,9 +175,9 @@ class TopkStreamSm90(TopkSm90):
         """Passes 1-3 without candidates (refine): the row's keys matching the prefix, read in tiles. src = (scores
         row, this thread's key registers)."""
         gS, ku = src
-        for t0 in cutlass.range(0, width, TILE, unroll=1):
+        for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku)
-            for e in cutlass.range_constexpr(U * V):
+            for e in cutlass.range_constexpr(self.U * V):
                 u = ku[e]
                 match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
                 self.hist_add(hist, (u >> shift) & 127, match, lane)
@@ -184,8 +187,8 @@ class TopkStreamSm90(TopkSm90):
         """ku[v * V + e] = the key of column t0 + (v * NT + tid) * V + e (0 past width): U 16-byte loads, issued
         before any key is formed; a vector that crosses width is read element by element."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-        vals = cute.make_rmem_tensor((U * V,), Float32)
-        for v in cutlass.range_constexpr(U):
+        vals = cute.make_rmem_tensor((self.U * V,), Float32)
+        for v in cutlass.range_constexpr(self.U):
             base = t0 + (v * NT + tid) * V
             if base + V <= width:
                 cute.copy(atom, cute.local_tile(gRow, (V,), (base // V,)),
@@ -196,7 +199,7 @@ class TopkStreamSm90(TopkSm90):
                     if base + e < width:
                         x = gRow[base + e]
                     vals[v * V + e] = x
-        for i in cutlass.range_constexpr(U * V):
+        for i in cutlass.range_constexpr(self.U * V):
             if cutlass.const_expr(self.LEAN):
                 ku[i] = self.key_bits(vals[i])
             else:
@@ -227,7 +230,7 @@ class TopkStreamSm90(TopkSm90):
         digit d0; else selection = key above T (or equal to it when ties_too), no candidates. Called by all 32
         lanes (warp-uniform)."""
         cnt = Int32(0)
-        for e in cutlass.range_constexpr(U * V):
+        for e in cutlass.range_constexpr(self.U * V):
             cnt += self.tile_take(ku[e], d0, t_s, t_u, ties_too, use_digit)
         incl = self.warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
@@ -242,7 +245,7 @@ class TopkStreamSm90(TopkSm90):
         excl = incl - cnt
         ps = cute.arch.shuffle_sync(base_s, 0) + (excl & 0xFFFF)
         pc = cute.arch.shuffle_sync(base_c, 0) + (excl >> 16)
-        for e in cutlass.range_constexpr(U * V):
+        for e in cutlass.range_constexpr(self.U * V):
             u = ku[e]
             col = t0 + ((e // V) * NT + tid) * V + e % V
             t = self.tile_take(u, d0, t_s, t_u, ties_too, use_digit)
