@@ -48,7 +48,7 @@ from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
 from ..common.softmax import acc_mn_view
-from .backward_sm90 import FlashBwdSm90, LOG2E, _tma_part, _transpose
+from .backward_sm90 import FlashBwdSm90, LOG2E, _sdhb, _tma_part, _transpose
 
 BLOCK_M_FAST = 64    # query rows per tile
 BLOCK_N_FAST = 128   # key rows per CTA (64 per consumer warpgroup)
@@ -89,15 +89,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         dt = self.dtype
         D = self.D
         bm, bn, bnw = self.bm, self.bn, self.bnw
-        q4, k4, v4, o4, do4 = [self._to4(t) for t in (mQ, mK, mV, mO, mdO)]
-        dq4, dk4, dv4, dqacc4 = [self._to4(t) for t in (mdQ, mdK, mdV, mdQacc)]
-        lse3, dlse3, lse23, delta3 = [self._to3(t) for t in (mLSE, mdLSE, mLSE2, mDelta)]
-        B4 = q4.shape[0]
-        Sq4 = q4.shape[1]
-        Sk4 = k4.shape[1]
-        H = q4.shape[2]
-        Hkv = k4.shape[2]
-        qhead_per_kv = H // Hkv
+        (q4, k4, v4, o4, do4), (dq4, dk4, dv4, dqacc4), (lse3, dlse3, lse23, delta3), \
+            (B4, Sq4, Sk4, H, Hkv, qhead_per_kv) = self._views(mQ, mK, mV, mO, mdO, mLSE, mdLSE, mdQ, mdK, mdV,
+                                                               mLSE2, mDelta, mdQacc)
 
         atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
         l_q = cute.tile_to_shape(atom_d, (bm, D, self.stages), order=(0, 1, 2))
@@ -125,17 +119,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
                                                tiler_mn=(64, self.dqn))
 
-        def sdhb(t):
-            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-
         G2S = cpasync.CopyBulkTensorTileG2SOp
         l_q1 = cute.slice_(l_q, (None, None, 0))
-        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), sdhb(q4), l_q1, (bm, D))
-        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), sdhb(do4), l_q1, (bm, D))
-        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), sdhb(k4), l_k, (bn, D))
-        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), sdhb(v4), l_k, (bn, D))
+        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), _sdhb(q4), l_q1, (bm, D))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), _sdhb(do4), l_q1, (bm, D))
+        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), _sdhb(k4), l_k, (bn, D))
+        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), _sdhb(v4), l_k, (bn, D))
         tma_dq, gdq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD), sdhb(dqacc4),
+            cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD), _sdhb(dqacc4),
             l_dq_tma, dq_box)
 
         scale_log2 = scale * Float32(LOG2E)
@@ -149,13 +140,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         mma_sdp, mma_dkv, mma_dq, mma_sdp_z, mma_dq_z, l_q, l_k, l_p, l_dq).launch(
             grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
 
-        self._postprocess_fast(dqacc4, dq4, scale).launch(
-            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
-
-        if cutlass.const_expr(self.varlen):
-            nrow_blk_k = (Sk4 + 127) // 128
-            self._zero_tail(dk4, dv4, mCuK).launch(
-                grid=(nrow_blk_k, Hkv, 1), block=(128, 1, 1), stream=stream)
+        self._launch_tail(self._postprocess_fast, dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4,
+                          Hkv, stream)
 
     # ------------------------------------------- pre/postprocess, warp per row
     # Same values as backward_sm90's _preprocess/_postprocess, but a warp walks one row at a time with lane l

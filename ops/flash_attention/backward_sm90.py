@@ -50,6 +50,11 @@ def _transpose(t):
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
 
 
+def _sdhb(t):
+    """(B, S, H, D) -> the (S, D, H, B) view the TMA atoms tile."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+
 class FlashBwdSm90:
     """Backward launcher for one static configuration (dtype, head_dim, varlen, deterministic)."""
 
@@ -79,6 +84,16 @@ class FlashBwdSm90:
             return cute.make_tensor(t.iterator, lay)
         return t
 
+    def _views(self, mQ, mK, mV, mO, mdO, mLSE, mdLSE, mdQ, mdK, mdV, mLSE2, mDelta, mdQacc):
+        """The launch's 4-d / 3-d views (_to4, _to3) of every tensor argument, in argument order, then (B, Sq, Sk,
+        H, Hkv, query heads per kv head): shared by both backward launchers."""
+        q4, k4, v4, o4, do4 = [self._to4(t) for t in (mQ, mK, mV, mO, mdO)]
+        dq4, dk4, dv4, dqacc4 = [self._to4(t) for t in (mdQ, mdK, mdV, mdQacc)]
+        lse3, dlse3, lse23, delta3 = [self._to3(t) for t in (mLSE, mdLSE, mLSE2, mDelta)]
+        H, Hkv = q4.shape[2], k4.shape[2]
+        return ((q4, k4, v4, o4, do4), (dq4, dk4, dv4, dqacc4), (lse3, dlse3, lse23, delta3),
+                (q4.shape[0], q4.shape[1], k4.shape[1], H, Hkv, H // Hkv))
+
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
@@ -90,15 +105,9 @@ class FlashBwdSm90:
         dt = self.dtype
         D = self.D
         bm, bn = self.bm, self.bn
-        q4, k4, v4, o4, do4 = [self._to4(t) for t in (mQ, mK, mV, mO, mdO)]
-        dq4, dk4, dv4, dqacc4 = [self._to4(t) for t in (mdQ, mdK, mdV, mdQacc)]
-        lse3, dlse3, lse23, delta3 = [self._to3(t) for t in (mLSE, mdLSE, mLSE2, mDelta)]
-        B4 = q4.shape[0]
-        Sq4 = q4.shape[1]
-        Sk4 = k4.shape[1]
-        H = q4.shape[2]
-        Hkv = k4.shape[2]
-        qhead_per_kv = H // Hkv
+        (q4, k4, v4, o4, do4), (dq4, dk4, dv4, dqacc4), (lse3, dlse3, lse23, delta3), \
+            (B4, Sq4, Sk4, H, Hkv, qhead_per_kv) = self._views(mQ, mK, mV, mO, mdO, mLSE, mdLSE, mdQ, mdK, mdV,
+                                                               mLSE2, mDelta, mdQacc)
 
         # shared-memory layouts (swizzle separated later onto the pointer)
         atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
@@ -114,14 +123,11 @@ class FlashBwdSm90:
                                              tiler_mn=(64, D))
 
         # TMA over (S, D, H, B) views
-        def sdhb(t):
-            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-
         G2S = cpasync.CopyBulkTensorTileG2SOp
-        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), sdhb(q4), l_q, (bm, D))
-        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), sdhb(do4), l_q, (bm, D))
-        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), sdhb(k4), l_k, (bn, D))
-        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), sdhb(v4), l_k, (bn, D))
+        tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), _sdhb(q4), l_q, (bm, D))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), _sdhb(do4), l_q, (bm, D))
+        tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), _sdhb(k4), l_k, (bn, D))
+        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), _sdhb(v4), l_k, (bn, D))
 
         scale_log2 = scale * Float32(LOG2E)
 
@@ -140,9 +146,13 @@ class FlashBwdSm90:
                      mma_sdp, mma_dq, l_q, l_k, l_p).launch(
                 grid=(grid_m, H, nbatch), block=(NTHREADS, 1, 1), stream=stream)
 
-        self._postprocess(dqacc4, dq4, scale).launch(
-            grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+        self._launch_tail(self._postprocess, dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv,
+                          stream)
 
+    def _launch_tail(self, postprocess, dqacc4, dq4, dk4, dv4, mCuK, scale, q_grid, Sk4, Hkv, stream):
+        """Both launchers' last kernels: dq from the fp32 accumulator (`postprocess`, the launcher's own), and for
+        varlen the zeroing of the dk / dv rows past cu_seqlens_k[-1]."""
+        postprocess(dqacc4, dq4, scale).launch(grid=q_grid, block=(128, 1, 1), stream=stream)
         if cutlass.const_expr(self.varlen):
             nrow_blk_k = (Sk4 + 127) // 128
             self._zero_tail(dk4, dv4, mCuK).launch(
