@@ -7,7 +7,7 @@ inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k reg
 
 Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
 again with the shared-memory sort (REG_SORT False) for comparison. Every row runs on the streaming kernel
-(stream_sm90, the default for aligned rows; LEAN as shipped, then off) and on the row-caching one (topk_sm90;
+(stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
@@ -47,22 +47,21 @@ def main(a):
         topk_fwd(s, out, stream=st)
         torch.cuda.synchronize()
         return
-    from ops.dsa.topk import fwd, stream_sm90, topk_sm90
-    for stream, lean in ((True, True), (True, False), (False, False)):
+    from ops.dsa.topk import fwd, topk_sm90
+    for stream in (True, False):
         fwd.STREAM = stream
-        stream_sm90.TopkStreamSm90.LEAN = lean
         for reg in ([True, False] if a.reg_sort else [True]):
             topk_sm90.TopkSm90.REG_SORT = reg
             fwd._CACHE.clear()
             for name, s, k in cases:
                 out = torch.empty(R, k, dtype=torch.int32, device="cuda")
                 t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-                tag = ("" if reg else " (smem sort)") + ((" stream" + (" lean" if lean else "")) if stream else " cached")
+                tag = ("" if reg else " (smem sort)") + (" stream" if stream else " cached")
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
 def sweep(cases, R, st):
-    """The streaming kernel's launch shape (LEAN): U 16-byte vectors a thread per tile x CTAs an SM (registers capped
+    """The streaming kernel's launch shape: U 16-byte vectors a thread per tile x CTAs an SM (registers capped
     to fit them; ptxas 2026-12-03: (4, 2) 55-63 registers, (2, 3) 38, (1, 4) 32, (8, 1) 121, no spills; (4, 3) and
     (8, 2) spill, so they are not in the list)."""
     from ops.dsa.topk import fwd, stream_sm90

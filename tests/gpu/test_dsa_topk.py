@@ -1,8 +1,8 @@
 """GPU tests of the top-k kernel (ops/dsa/topk/fwd.py) against torch: the semantics are a total order (descending
 score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUAL the reference's: a stable
 descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
-with -7 before each run. Every test runs three times: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned
-rows take stream_sm90.TopkStreamSm90), as shipped (LEAN) and with LEAN off, and with every call on topk_sm90.TopkSm90.
+with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
+take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
 Run: python -m pytest -q tests/gpu/test_dsa_topk.py
 """
 import os
@@ -25,13 +25,12 @@ DEV = "cuda"
 _CACHES = {}
 
 
-@pytest.fixture(autouse=True, params=["stream", "stream-full", "cached"])
+@pytest.fixture(autouse=True, params=["stream", "cached"])
 def kernel(request, monkeypatch):
-    """stream: the streaming kernel as shipped (LEAN), stream-full: with LEAN off, cached: TopkSm90 for every call.
-    Each mode keeps its own compiled variants."""
-    from ops.dsa.topk import fwd, stream_sm90
+    """stream: aligned rows on the streaming kernel (as shipped), cached: TopkSm90 for every call. Each mode keeps
+    its own compiled variants."""
+    from ops.dsa.topk import fwd
     monkeypatch.setattr(fwd, "STREAM", request.param != "cached")
-    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "LEAN", request.param != "stream-full")
     monkeypatch.setattr(fwd, "_CACHE", _CACHES.setdefault(request.param, {}))
     return request.param
 
@@ -145,13 +144,11 @@ def test_cuda_graph_capture():
 
 @pytest.mark.parametrize("reg_sort", [True, False])
 @pytest.mark.parametrize("k", [300, 1000, 2048])
-def test_sort_paths(monkeypatch, k, reg_sort, kernel):
+def test_sort_paths(monkeypatch, k, reg_sort):
     """Both sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
     registers / shuffles, shared memory only for partners 32 E apart) and the shared-memory network (REG_SORT
     False): same indices as the stable sort, with ties and padding."""
     from ops.dsa.topk import fwd, topk_sm90
-    if kernel == "stream-full":
-        pytest.skip("the sorts are the same code in both stream modes")
     monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", reg_sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
     torch.manual_seed(k)

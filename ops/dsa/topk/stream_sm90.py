@@ -11,12 +11,18 @@ Why a second kernel. TopkSm90 caches a row of up to 40960 columns in 160 KiB of 
 warps owns an SM, and it walks the row one 4-byte element a thread at a time with a dependent chain per element
 (cp.async, then key / match.any / atomic): at 32K x 32K it ran at ~0.4 TB/s, latency-bound. Here nothing of the
 row is cached: the row is read from global memory twice (the second read mostly hits L2: two CTAs an SM keep
-2 x 132 rows of 128 KiB, 34 MiB, under the 50 MiB L2) in tiles of TILE = NT x 4 x U columns, each thread holding
+2 x 132 rows of 128 KiB, 34 MiB, under the 50 MiB L2) in tiles of NT x V x U columns (V = 4), each thread holding
 U 16-byte vectors (U x 4 keys) in registers, so U loads are in flight per thread and the per-key work of a tile is
 independent. Shared memory is 56 KiB (selection, candidates, histogram), so two CTAs share an SM
 (MIN_BLOCKS = 2: min_blocks_per_mp caps registers at 64). U and MIN_BLOCKS are class attributes that
 bench/topk_breakdown.py --sweep varies ((2, 3), (1, 4), (8, 1) also compile without spills); only the default
 (4, 2) has run the GPU tests.
+
+Keys. key_bits gives finite scores key_of's order-preserving keys bit for bit, but keeps the bits of +-inf and NaN
+(key_of maps them to 0): those land in the pass-0 digits 0-3 (-inf, negative NaN; columns past width read as -inf)
+and 0x7FC-0x7FF (+inf, NaN), which no finite score shares, and are dropped there (finite_key): pass A counts only
+finite digits, with plain shared-memory atomics (no match.any) and no per-key count (the selectable count is the
+histogram's sum); pass B never takes a digit above 0x7FB; the whole-row gather takes only keys of a finite digit.
 
 Passes. A: every tile -> keys, the selectable count and the pass-0 histogram (top 11 bits). If more than k are
 selectable, the digit d0 of the k-th largest key is picked; B (when d0's bin holds at most CAND keys, the common
@@ -28,14 +34,15 @@ the threshold that cannot all be taken are ranked by column over the whole row (
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers; the row itself never goes through shared memory.
 
-Status (H200, 2026-12-03): tests/gpu/test_dsa_topk.py passes in its three modes (this kernel with LEAN, the default,
-and without it, and TopkSm90; indices equal to a stable sort, both kernels equal bit for bit), racecheck 0 hazards
-and memcheck 0 errors (sanitize_dsa_topk.py). 32K rows x 32K columns, k 2048 (bench/topk_breakdown.py, 17:20 UTC):
-LEAN 4.33 ms (993 GB/s), without LEAN 8.48 ms, TopkSm90 13.16 ms; k 64 instead of 2048: 2.50 ms (so the sort of
-2048 is ~1.8 ms of the 4.33); causal scores 4.16 ms. cuDNN frontend's top-k: 1.76 ms in the same session
-(bench/dsa_indexer.py). Tried: the bitonic network on packed 64-bit (key, column) values, one compare a pair:
-correct, but 4.85 ms against 4.33 (17:33 UTC), not kept. Next: fewer instructions per key in pass B, a sort with
-fewer stages than the 66 of a bitonic network of 2048, and the top-k fused into the indexer's epilogue.
+Status (H200, 2026-12-03): tests/gpu/test_dsa_topk.py passes for both kernels (indices equal to a stable sort, the
+two kernels equal bit for bit), racecheck 0 hazards and memcheck 0 errors (sanitize_dsa_topk.py). 32K rows x 32K
+columns, k 2048 (bench/topk_breakdown.py, 17:20 UTC): 4.33 ms (993 GB/s); the first form of this kernel (key_of
+keys, a per-key count and match.any in pass A; removed since, strictly slower) 8.48 ms; TopkSm90 13.16 ms; k 64
+instead of 2048: 2.50 ms (so the sort of 2048 is ~1.8 ms of the 4.33); causal scores 4.16 ms. cuDNN frontend's
+top-k: 1.76 ms in the same session (bench/dsa_indexer.py). Tried: the bitonic network on packed 64-bit (key, column)
+values, one compare a pair: correct, but 4.85 ms against 4.33 (17:33 UTC), not kept. Next: fewer instructions per
+key in pass B, a sort with fewer stages than the 66 of a bitonic network of 2048, and the top-k fused into the
+indexer's epilogue.
 """
 import cutlass
 import cutlass.cute as cute
@@ -44,19 +51,12 @@ from cutlass import Float32, Int32
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load
-U = 4                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep-u)
+U = 4                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
 
 class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
-    # LEAN: the row passes do less per key (read at compile time). Keys keep their bits for +-inf and NaN (key_of
-    # maps them to 0): those land in the pass-0 digits 0-3 (-inf, negative NaN; columns past width read as -inf)
-    # and 0x7FC-0x7FF (+inf, NaN), which no finite score shares, and are dropped there: pass A counts only finite
-    # digits (plain shared-memory atomics, no match.any; the selectable count is the histogram's sum, no per-key
-    # count), pass B never takes a digit above 0x7FB, and the whole-row gather takes only keys of a finite digit.
-    # Finite scores get key_of's keys bit for bit, so the output is the same.
-    LEAN = True
     U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (8192 at U = 4)
     MIN_BLOCKS = 2               # CTAs an SM the registers are capped for (2: 64 registers, 56 KiB of shared memory)
 
@@ -109,18 +109,12 @@ class TopkStreamSm90(TopkSm90):
         for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku)
             for e in cutlass.range_constexpr(self.U * V):
-                u = ku[e]
-                if cutlass.const_expr(self.LEAN):
-                    dg = (u >> SHIFT0) & (BINS0 - 1)
-                    if dg >= 4 and dg < BINS0 - 4:
-                        cute.arch.atomic_add(hist.iterator + dg, Int32(1))
-                else:
-                    n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
-                    self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
-        if cutlass.const_expr(self.LEAN):
-            cute.arch.sync_threads()                # every key counted before anyone sums
-            for i in cutlass.range_constexpr(BINS0 // NT):
-                n_ok += hist[tid * (BINS0 // NT) + i]
+                dg = (ku[e] >> SHIFT0) & (BINS0 - 1)
+                if dg >= 4 and dg < BINS0 - 4:      # finite_key
+                    cute.arch.atomic_add(hist.iterator + dg, Int32(1))
+        cute.arch.sync_threads()                    # every key counted before anyone sums
+        for i in cutlass.range_constexpr(BINS0 // NT):
+            n_ok += hist[tid * (BINS0 // NT) + i]
         n_ok = self.warp_sum(n_ok)
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
@@ -184,8 +178,8 @@ class TopkStreamSm90(TopkSm90):
 
     @cute.jit
     def load_keys(self, gRow, t0, width, tid, ku):
-        """ku[v * V + e] = the key of column t0 + (v * NT + tid) * V + e (0 past width): U 16-byte loads, issued
-        before any key is formed; a vector that crosses width is read element by element."""
+        """ku[v * V + e] = the key (key_bits) of column t0 + (v * NT + tid) * V + e (of -inf past width): U 16-byte
+        loads, issued before any key is formed; a vector that crosses width is read element by element."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         vals = cute.make_rmem_tensor((self.U * V,), Float32)
         for v in cutlass.range_constexpr(self.U):
@@ -200,26 +194,20 @@ class TopkStreamSm90(TopkSm90):
                         x = gRow[base + e]
                     vals[v * V + e] = x
         for i in cutlass.range_constexpr(self.U * V):
-            if cutlass.const_expr(self.LEAN):
-                ku[i] = self.key_bits(vals[i])
-            else:
-                ku[i] = self.key_of(vals[i])
+            ku[i] = self.key_bits(vals[i])
 
     @cute.jit
     def key_bits(self, x):
-        """key_of's order-preserving u for every float (-0.0 as +0.0), without zeroing +-inf and NaN (LEAN)."""
+        """key_of's order-preserving u for every float (-0.0 as +0.0), without zeroing +-inf and NaN."""
         b = Float32(x).bitcast(Int32)
         b = Int32(cutlass.select_(b == Int32(SIGN), Int32(0), b))
         return b ^ ((b >> 31) | Int32(SIGN))
 
     @cute.jit
     def finite_key(self, u):
-        """u (key_bits) is a finite score: its pass-0 digit is none of 0-3 and 0x7FC-0x7FF (key_of: u != 0)."""
-        r = u != 0
-        if cutlass.const_expr(self.LEAN):
-            dg = (u >> SHIFT0) & (BINS0 - 1)
-            r = dg >= 4 and dg < BINS0 - 4
-        return r
+        """u (key_bits) is a finite score: its pass-0 digit is none of 0-3 and 0x7FC-0x7FF."""
+        dg = (u >> SHIFT0) & (BINS0 - 1)
+        return dg >= 4 and dg < BINS0 - 4
 
     @cute.jit
     def append_tile(self, ku, t0, tid, lane, d0, t_s, t_u, ties_too, sel_u, sel_c, cand_u, cand_c, misc,
@@ -260,16 +248,13 @@ class TopkStreamSm90(TopkSm90):
 
     @cute.jit
     def tile_take(self, u, d0, t_s, t_u, ties_too, use_digit: cutlass.Constexpr):
-        """1: the key joins the selection, 0x10000: a candidate, 0: neither (u = 0 is never taken)."""
+        """1: the key joins the selection, 0x10000: a candidate, 0: neither (a non-finite key is never taken)."""
         r = Int32(0)
         if cutlass.const_expr(use_digit):
             dg = (u >> SHIFT0) & (BINS0 - 1)
-            if cutlass.const_expr(self.LEAN):         # d0 is a finite digit: only a digit above 0x7FB is not
-                r = Int32(cutlass.select_(dg > d0 and dg < BINS0 - 4, Int32(1),
-                                          cutlass.select_(dg == d0, Int32(0x10000), Int32(0))))
-            else:
-                r = Int32(cutlass.select_(u != 0 and dg > d0, Int32(1),
-                                          cutlass.select_(u != 0 and dg == d0, Int32(0x10000), Int32(0))))
+            # d0 is a finite digit: of the digits above it only 0x7FC-0x7FF are not
+            r = Int32(cutlass.select_(dg > d0 and dg < BINS0 - 4, Int32(1),
+                                      cutlass.select_(dg == d0, Int32(0x10000), Int32(0))))
         else:
             ok = self.finite_key(u)
             take = ok and (u ^ Int32(SIGN)) > t_s
