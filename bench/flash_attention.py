@@ -2,8 +2,10 @@
 FLASH_ATTENTION and CUDNN_ATTENTION backends and FlashAttention-4, all measured in the same run.
 
 Shapes: bf16, H = 16 heads, B * S = 16k tokens (B = 16384 // S: B = 2 at S = 8k, the issue's figures), S in
-{1k, 2k, 4k, 8k, 16k}, head_dim 64 and 128, causal and not.
-FLOPs: forward 4 * B * H * Sq * Sk * D (two matmuls), halved for causal; backward counted as 2.5x the forward.
+{1k, 2k, 4k, 8k, 16k}, head_dim 64 and 128 (--dims picks others, e.g. "96,192/128,192,256"; D/Dv is a query/key
+head_dim D with a value head_dim Dv), causal and not.
+FLOPs: forward 2 * B * H * Sq * Sk * (D + Dv) (two matmuls), halved for causal; backward counted as 2.5x the
+forward.
 Timing: device time of one call (median of ``--iters``), CUDA events around each call. Before the timed calls a
 GPU spin (torch.cuda._sleep) holds the stream while the host queues all of them, so the host cost of a call (our
 seam's DLPack marshalling, autograd) is not in the figure; a row where the host still could not keep ahead is
@@ -17,6 +19,7 @@ torch tensors allocated once per shape (the backward gets out/lse from our forwa
 Run:  python bench/flash_attention.py                 # forward and backward table, CSV to $OUT (or /tmp/gpu_out)
       python bench/flash_attention.py --fwd | --bwd   # one direction only
       python bench/flash_attention.py --quick         # S = 8k only
+      python bench/flash_attention.py --fwd --quick --dims 96,192/128,192,256 --csv PATH   # other head dims
       python bench/flash_attention.py --csv PATH --no-fa4 --iters 10
       python bench/flash_attention.py --host          # host cost of one forward seam call (cProfile)
 Plot:  python bench/plot_performance.py CSV -o SVG
@@ -72,14 +75,16 @@ def load_fa4():
 
 
 # ------------------------------------------------------------------------------------------------ one shape
-def bench_shape(D, causal, B, H, S, passes, iters, fa4):
+def bench_shape(D, causal, B, H, S, passes, iters, fa4, Dv=None):
     """Returns {pass: {impl: (seconds or None, host_bound, note)}} for one shape."""
     dt = torch.bfloat16
+    Dv = D if Dv is None else Dv
     scale = 1.0 / math.sqrt(D)
     stream = torch.cuda.current_stream().cuda_stream
     gen = torch.Generator(device="cuda").manual_seed(S + D + int(causal))
-    q, k, v, dout = (torch.randn(B, S, H, D, device="cuda", dtype=dt, generator=gen) for _ in range(4))
-    out = torch.empty_like(q)
+    q, k = (torch.randn(B, S, H, D, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+    v, dout = (torch.randn(B, S, H, Dv, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+    out = torch.empty_like(dout)
     lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))  # BHSD views for SDPA
     res = {p: {} for p in passes}
@@ -153,7 +158,7 @@ def header(impls):
 def row_text(p, D, causal, B, S, tf, notes, impls):
     cols = " ".join(_fmt(tf.get(i), 8) for i in impls)
     rats = " ".join(_fmt(_ratio(tf.get("ours"), tf.get(i)), 9, 2) for i in impls if i != "ours")
-    return f"{p:4} {D:3d} {int(causal):6d} {B:3d} {S:6d} | {cols} | {rats} | {notes}"
+    return f"{p:4} {str(D):>3} {int(causal):6d} {B:3d} {S:6d} | {cols} | {rats} | {notes}"
 
 
 def main(a):
@@ -177,30 +182,32 @@ def main(a):
     with open(csv_path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(CSV_FIELDS)
-        for D in (64, 128):
+        for D, Dv in parse_dims(a.dims):
             for causal in (False, True):
                 for S in seqlens:
                     B = max(1, a.tokens // S)
-                    res = bench_shape(D, causal, B, a.heads, S, passes, a.iters, fa4)
+                    res = bench_shape(D, causal, B, a.heads, S, passes, a.iters, fa4, Dv)
+                    label = D if Dv == D else f"{D}/{Dv}"
                     for p in passes:
-                        flops = 4.0 * B * a.heads * S * S * D * (0.5 if causal else 1.0) * (2.5 if p == "bwd" else 1.0)
+                        flops = 2.0 * B * a.heads * S * S * (D + Dv) * (0.5 if causal else 1.0) * \
+                            (2.5 if p == "bwd" else 1.0)
                         tf, notes = {}, []
                         for impl in impls:
                             t, hb, note = res[p].get(impl, (None, False, "not run"))
                             tf[impl] = flops / t / 1e12 if t else None
                             if note:
                                 notes.append(f"{LABELS[impl]}: {note[:70]}")
-                            w.writerow((p, D, int(causal), B, a.heads, S, impl,
+                            w.writerow((p, label, int(causal), B, a.heads, S, impl,
                                         f"{t * 1e3:.4f}" if t else "", f"{tf[impl]:.2f}" if t else "",
                                         int(hb), note))
                         fh.flush()
-                        rows.append((p, D, causal, B, S, tf, "; ".join(notes)))
+                        rows.append((p, label, causal, B, S, tf, "; ".join(notes)))
                         print(row_text(*rows[-1], impls), flush=True)
                     torch.cuda.empty_cache()
 
     print(f"\n# table (sorted by pass), {time.time() - t_start:.0f} s in all; CSV: {csv_path}")
     print(header(impls))
-    for r in sorted(rows, key=lambda r: (r[0] != "fwd", r[1], r[2], r[4])):
+    for r in sorted(rows, key=lambda r: (r[0] != "fwd", str(r[1]), r[2], r[4])):
         print(row_text(*r, impls))
     if fa4 is None:
         print(f"# FA4 column skipped: {fa4_err}")
@@ -244,6 +251,15 @@ def profile_host(n=300):
     pstats.Stats(pr).sort_stats("cumulative").print_stats(14)
 
 
+def parse_dims(text):
+    """'64,128,192/128' -> [(64, 64), (128, 128), (192, 128)]: D, or D/Dv."""
+    out = []
+    for item in text.split(","):
+        d, _, dv = item.strip().partition("/")
+        out.append((int(d), int(dv or d)))
+    return out
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
@@ -254,6 +270,7 @@ def parse_args(argv=None):
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--tokens", type=int, default=16384, help="B * S")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dims", default="64,128", help="head dims, D or D/Dv, comma separated")
     ap.add_argument("--csv", default=None, help="CSV path (default $OUT/bench_flash_attention.csv)")
     ap.add_argument("--no-fa4", action="store_true", help="leave FlashAttention-4 out")
     ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")

@@ -23,7 +23,8 @@ MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 52, 14, 28, 40
 
 
 def read_rows(csv_path):
-    """-> list of dicts with pass, head_dim (int), causal (bool), seqlen (int), impl, tflops (float)."""
+    """-> list of dicts with pass, head_dim (int, or a "D/Dv" string), causal (bool), seqlen (int), impl, tflops
+    (float)."""
     rows = []
     with open(csv_path, newline="") as fh:
         for r in csv.DictReader(fh):
@@ -36,7 +37,7 @@ def read_rows(csv_path):
                 continue
             if not math.isfinite(tf):
                 continue
-            rows.append({"pass": r["pass"].strip(), "head_dim": int(r["head_dim"]),
+            rows.append({"pass": r["pass"].strip(), "head_dim": _head_dim(r["head_dim"]),
                          "causal": str(r["causal"]).strip().lower() in ("1", "true", "yes"),
                          "seqlen": int(r["seqlen"]), "impl": r["impl"].strip(), "tflops": tf})
     return rows
@@ -61,10 +62,20 @@ def _s_label(s):
     return f"{s // 1024}k" if s >= 1024 and s % 1024 == 0 else str(s)
 
 
+def _head_dim(text):
+    """'128' -> 128; '192/128' (query/key and value head dims) stays a string."""
+    text = str(text).strip()
+    return int(text) if text.isdigit() else text
+
+
+def _dims_key(d):
+    return tuple(int(x) for x in str(d).split("/"))
+
+
 def render(rows, title=None):
     """SVG text for the rows of read_rows()."""
     panels = sorted({(r["pass"], r["head_dim"], r["causal"]) for r in rows},
-                    key=lambda k: (PASS_ORDER.get(k[0], 9), k[0], k[1], k[2]))
+                    key=lambda k: (PASS_ORDER.get(k[0], 9), k[0], _dims_key(k[1]), k[2]))
     impls = []
     for r in rows:
         if r["impl"] not in impls:
@@ -75,7 +86,7 @@ def render(rows, title=None):
         color[i] = EXTRA_COLORS[n % len(EXTRA_COLORS)]
 
     pass_rows = sorted({p for p, _, _ in panels}, key=lambda p: (PASS_ORDER.get(p, 9), p))
-    cols = sorted({(d, c) for _, d, c in panels})
+    cols = sorted({(d, c) for _, d, c in panels}, key=lambda dc: (_dims_key(dc[0]), dc[1]))
     ncol, nrow = max(1, len(cols)), max(1, len(pass_rows))
     top_h = 56
     width = ncol * PANEL_W + 20

@@ -90,19 +90,25 @@ def test_cu_seqlens_value_checks_can_be_turned_off(monkeypatch):
     assert validation.check_cu_seqlens("op", "cu_seqlens_q", cu([0, 4, 10]), 10, "max_seqlen_q", 1) == 2
 
 
-@pytest.mark.parametrize("dtype,head_dim,match", [
-    ("float32", 64, "dtype float32 is not supported on a GPU place"),
-    ("bfloat16", 96, "head_dim 96 is not supported on a GPU place"),
-    ("float16", 17, "head_dim 17 is not supported on a GPU place"),
+@pytest.mark.parametrize("dtype,dims,match", [
+    ("float32", (64, 64), "dtype float32 is not supported on a GPU place"),
+    ("bfloat16", (80, 80), "\\(80, 80\\) is not supported on a GPU place"),
+    ("float16", (17, 17), "\\(17, 17\\) is not supported on a GPU place"),
+    ("bfloat16", (128, 64), "\\(128, 64\\) is not supported on a GPU place"),
+    ("bfloat16", (128, 192), "\\(128, 192\\) is not supported on a GPU place"),
+    ("bfloat16", (320, 320), "\\(320, 320\\) is not supported on a GPU place"),
 ])
-def test_gpu_table_rejects_untuned_shapes(dtype, head_dim, match):
+def test_gpu_table_rejects_untuned_shapes(dtype, dims, match):
     """The one table (ops/flash_attention/supported.py) guards CUDA places; this host has none, so call the check."""
     with pytest.raises((ValueError, TypeError), match=match):
-        fa_module._check_gpu_table("flash_attention", dtype, head_dim)
-    fa_module._check_gpu_table("flash_attention", "bfloat16", 128)
-    fa_module._check_gpu_table("flash_attention", "bfloat16", 128, 128)
-    with pytest.raises(ValueError, match="value head_dim 64 != query head_dim 128 is not supported on a GPU place"):
-        fa_module._check_gpu_table("flash_attention", "bfloat16", 128, 64)
+        fa_module._check_gpu_table("flash_attention", dtype, *dims)
+
+
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)])
+def test_gpu_table_accepts_the_forward_pairs(dims):
+    fa_module._check_gpu_table("flash_attention", "bfloat16", *dims)
+    fa_module._check_gpu_table("flash_attention", "float16", *dims)
+    assert fa_module._bwd_on_kernel(*dims) == (dims in ((64, 64), (96, 96), (128, 128)))
 
 
 def test_static_mode_raises_not_implemented():

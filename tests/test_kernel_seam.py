@@ -160,3 +160,58 @@ def test_empty_token_axis_takes_reference_path(rng, fake):
     out.astype("float32").sum().backward()
     assert (to64(q.grad) == 0).all()
 
+
+
+@pytest.mark.parametrize("d,dv", [(192, 128), (256, 256)])
+def test_forward_kernel_reference_backward(rng, fake, d, dv):
+    """(D, Dv) pairs with a forward kernel and no backward kernel yet: the forward runs on the kernel (out shaped
+    [.., Dv]), the backward on the blockwise reference path with a one-time warning, and the gradients are the
+    reference's."""
+    b, sq, sk, h, hkv = 1, 19, 23, 2, 1
+    dtype = "bfloat16"
+    q, q64 = make(rng, [b, sq, h, d], dtype)
+    k, k64 = make(rng, [b, sk, hkv, d], dtype)
+    v, v64 = make(rng, [b, sk, hkv, dv], dtype)
+    out, lse = F.flash_attention(q, k, v, causal=True, return_softmax_lse=True)
+    assert list(out.shape) == [b, sq, h, dv]
+    dout, dout64 = make(rng, [b, sq, h, dv], dtype, requires_grad=False)
+    fa._warned_fallback.clear()
+    with pytest.warns(UserWarning, match=r"no backward kernel for \(head_dim, value head_dim\)"):
+        (out.astype("float32") * dout.astype("float32")).sum().backward()
+    assert [c[0] for c in fake.calls] == ["fwd"]
+    check_dense(dtype, q, k, v, out, lse, q64, k64, v64, dout64, None, 1 / math.sqrt(d), True, (-1, -1))
+
+
+def test_varlen_forward_kernel_reference_backward(rng, fake, monkeypatch):
+    """Varlen (192, 128): the reference backward needs the segment offsets on the host; they are read once, at the
+    call (the forward still runs on the kernel)."""
+    cu_q = np.array([0, 3, 3, 20], np.int32)
+    cu_k = np.array([0, 5, 9, 30], np.int32)
+    q, _ = make(rng, [22, 2, 192], "bfloat16")
+    k, _ = make(rng, [31, 1, 192], "bfloat16")
+    v, _ = make(rng, [31, 1, 128], "bfloat16")
+    args = (paddle.to_tensor(cu_q), paddle.to_tensor(cu_k), 17, 21)
+    out, lse = F.flash_attention_varlen(q, k, v, *args, causal=True, return_softmax_lse=True)
+    assert list(out.shape) == [22, 2, 128]
+    fa._warned_fallback.clear()
+    with pytest.warns(UserWarning, match="reference backward"):
+        out.astype("float32").sum().backward()
+    assert [c[0] for c in fake.calls] == ["fwd"]
+    q2, k2, v2 = (paddle.to_tensor(to64(x).astype(np.float32)) for x in (q, k, v))
+    for t in (q2, k2, v2):
+        t.stop_gradient = False
+    o2, l2 = ref.flash_attention_varlen_fwd(q2, k2, v2, cu_q, cu_k, 1 / math.sqrt(192), True, (-1, -1))
+    o2.sum().backward()
+    for g1, g2 in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        np.testing.assert_allclose(to64(g1), to64(g2), rtol=0.05, atol=0.05)
+
+
+def test_d96_backward_on_kernel(rng, fake):
+    """(96, 96) has both kernels: forward and backward go through the seam, no fallback warning."""
+    import warnings as w
+    q, _ = make(rng, [1, 9, 2, 96], "bfloat16")
+    fa._warned_fallback.clear()
+    with w.catch_warnings():
+        w.simplefilter("error")
+        F.flash_attention(q, q.detach(), q.detach(), causal=True).astype("float32").sum().backward()
+    assert [c[0] for c in fake.calls] == ["fwd", "bwd"]

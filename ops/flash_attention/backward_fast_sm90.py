@@ -48,7 +48,7 @@ from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
 from ..common.softmax import acc_mn_view
-from .backward_sm90 import FlashBwdSm90, LOG2E, _sdhb, _tma_part, _transpose
+from .backward_sm90 import FlashBwdSm90, LOG2E, _atom_d, _sdhb, _tma_part, _transpose
 
 BLOCK_M_FAST = 64    # query rows per tile
 BLOCK_N_FAST = 128   # key rows per CTA (64 per consumer warpgroup)
@@ -74,8 +74,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
         self.stages = STAGES
-        # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators
-        self.dqn = min(head_dim, 64)
+        # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators; D = 96 in one
+        # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
+        self.dqn = head_dim if head_dim <= 96 else 64
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
 
     @cute.jit
@@ -93,10 +94,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             (B4, Sq4, Sk4, H, Hkv, qhead_per_kv) = self._views(mQ, mK, mV, mO, mdO, mLSE, mdLSE, mdQ, mdK, mdV,
                                                                mLSE2, mDelta, mdQacc)
 
-        atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
+        atom_d = _atom_d(D, dt)
         l_q = cute.tile_to_shape(atom_d, (bm, D, self.stages), order=(0, 1, 2))
         l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
-        l_p = cute.tile_to_shape(atom_d, (bm, bnw, 2), order=(0, 1, 2))
+        l_p = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2),
+                                 order=(0, 1, 2))
         atom_f = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, Float32)
         if cutlass.const_expr(self.dq_cols):
             l_dq = cute.tile_to_shape(atom_f, (bm, D), order=(0, 1))           # one tile, column halves per WG

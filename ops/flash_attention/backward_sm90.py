@@ -50,6 +50,13 @@ def _transpose(t):
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
 
 
+def _atom_d(head_dim, dt):
+    """Shared-memory atom of a (rows, head_dim) K-major tile: 128-byte swizzle when a row holds whole 64-element
+    spans (D 64 / 128), else 64-byte (D 96: three 32-element spans)."""
+    kind = wg.SmemLayoutAtomKind.K_SW128 if head_dim % 64 == 0 else wg.SmemLayoutAtomKind.K_SW64
+    return wg.make_smem_layout_atom(kind, dt)
+
+
 def _sdhb(t):
     """(B, S, H, D) -> the (S, D, H, B) view the TMA atoms tile."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -59,7 +66,7 @@ class FlashBwdSm90:
     """Backward launcher for one static configuration (dtype, head_dim, varlen, deterministic)."""
 
     def __init__(self, dtype, head_dim: int, varlen: bool, deterministic: bool):
-        assert head_dim in (64, 128)
+        assert head_dim in (64, 96, 128)
         self.dtype = dtype
         self.D = head_dim
         self.varlen = varlen
@@ -110,10 +117,10 @@ class FlashBwdSm90:
                                                                mLSE2, mDelta, mdQacc)
 
         # shared-memory layouts (swizzle separated later onto the pointer)
-        atom_d = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
+        atom_d = _atom_d(D, dt)
         l_q = cute.tile_to_shape(atom_d, (bm, D), order=(0, 1))
         l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
-        l_p = cute.tile_to_shape(atom_d, (bm, bn), order=(0, 1))
+        l_p = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bn), order=(0, 1))
 
         mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
                                               tiler_mn=(64, bn))

@@ -105,9 +105,10 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     for n in names:
         if at[n].dtype != dt_name:
             raise ValueError(f"{n}: dtype {at[n].dtype} differs from q's {dt_name}")
-    D = shapes["q"][-1]
-    if D not in supported.HEAD_DIMS or D not in (64, 128):
-        raise ValueError(f"q: head_dim {D} not supported (supported: {supported.HEAD_DIMS})")
+    D, Dv = shapes["q"][-1], shapes["v"][-1]
+    if (D, Dv) not in supported.BWD_HEAD_DIMS:
+        raise ValueError(f"q/v: (head_dim, v_head_dim) ({D}, {Dv}) has no backward kernel (supported: "
+                         f"{supported.BWD_HEAD_DIMS})")
     for n in names:
         if shapes[n][-1] != D:
             raise ValueError(f"{n}: head_dim {shapes[n][-1]} differs from q's {D}")

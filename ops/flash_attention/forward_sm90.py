@@ -9,23 +9,27 @@ Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_sc
     lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
 (online form and the -inf guards: ops.common.softmax).
 
+Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
+MHA form, (192, 192), (256, 256)); out has Dv columns.
+
 Tiling. One CTA = 128 query rows of one (batch, head) = 3 warpgroups (384 threads):
   - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (128 x D) once,
-    then for each visible key block n: K_n (BN x D, K-major) and V_n (read as D x BN, MN-major) into a
+    then for each visible key block n: K_n (BN x D, K-major) and V_n (read as Dv x BN, MN-major) into a
     ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 8 consumer
     warps).
   - warpgroups 1 and 2 (consumers): each owns 64 of the 128 rows (the tiled MMA has 2 atoms along M).
     Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> scale, mask (only on blocks that need it),
-    online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x D x 16 atoms).
+    online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x Dv x 16 atoms).
     Epilogue: O / l written straight from registers to global memory with a row predicate (so varlen
     segments never write past their end), lse by one lane per quad.
-  BN = 128; stages = 2 for D = 128, 3 for D = 64 (smem 160 KiB / 112 KiB).
+  BN and the ring's stages per (D, Dv): TILES below (BN 128 up to (192, 128), 64 for (192, 192) and (256, 256)).
+  The shared-memory swizzle of each tile follows its row width (hopper_helpers.make_smem_layout_a / _b).
 Key blocks visited: [n_lo, n_hi) from ops.common.mask.key_block_range (an empty range still writes O = 0 and
 lse = -inf). Query blocks are launched longest-first (reversed blockIdx.x) to even out causal load.
 
-Layouts. Dense: q [B,Sq,H,D], k/v [B,Sk,Hkv,D], out like q, lse [B,H,Sq]. Varlen: q [Tq,H,D], k/v [Tk,Hkv,D],
-lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; the grid gets one extra z-slice (batch index == batch) that writes
-O = 0, lse = -inf to the rows at or past cu_seqlens_q[-1]. Query head h reads kv head h // (H // Hkv).
+Layouts. Dense: q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], out [B,Sq,H,Dv], lse [B,H,Sq]. Varlen: q [Tq,H,D],
+k [Tk,Hkv,D], v [Tk,Hkv,Dv], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; the grid gets one extra
+z-slice (batch index == batch) that writes O = 0, lse = -inf to the rows at or past cu_seqlens_q[-1]. Query head h reads kv head h // (H // Hkv).
 TMA tiles may run past a segment end into the next segment's rows (loads only, masked out) or past the tensor
 (zero-filled); stores are always row-predicated.
 
@@ -51,25 +55,45 @@ from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softm
                               rescale_rows, scale_scores, softmax_state)
 
 BLOCK_M = 128
-BLOCK_N = 128
 NUM_THREADS = 384
+SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
+
+# (Dqk, Dv) -> (BN key rows a block, stages of the K / V ring). Shared memory (16-bit elements, 1 KiB alignment):
+# Q 128 x Dqk + stages x BN x (Dqk + Dv). Live fp32 accumulators a consumer thread: O 64 x Dv / 128 + S 64 x BN / 128.
+# Picked on CPU (2026-12-03, ptxas sm_90a): no spills, and no warpgroup.arrive injected by ptxas between the P V
+# wgmmas (it does inject them for (192, 192) at BN 80 / 96 / 112 and (256, 256) at BN 80, when P's registers are
+# repacked between the wgmmas of one group; (192, 192) at BN 128 needs a single stage and spills).
+TILES = {
+    (64, 64): (128, 3),      # 16 + 3 x 32 = 112 KiB;  O 32 + S 64 registers
+    (96, 96): (128, 3),      # 24 + 3 x 48 = 168 KiB;  O 48 + S 64
+    (128, 128): (128, 2),    # 32 + 2 x 64 = 160 KiB;  O 64 + S 64
+    (192, 128): (128, 2),    # 48 + 2 x 80 = 208 KiB;  O 64 + S 64
+    (192, 192): (64, 3),     # 48 + 3 x 48 = 192 KiB;  O 96 + S 32
+    (256, 256): (64, 2),     # 64 + 2 x 64 = 192 KiB;  O 128 + S 32
+}
 
 
-def stages_for(head_dim):
-    return 2 if head_dim > 64 else 3
+def smem_bytes(head_dim, v_head_dim):
+    """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below)."""
+    bn, stages = TILES[(head_dim, v_head_dim)]
+    up = lambda x: -(-x // 1024) * 1024  # noqa: E731
+    return up(up(up(8 * (4 * stages + 1)) + BLOCK_M * head_dim * 2) + stages * bn * head_dim * 2) + \
+        stages * bn * v_head_dim * 2
 
 
 class FlashFwdSm90:
-    """One compiled forward variant: (dtype, head_dim, bounded mask?, varlen?)."""
+    """One compiled forward variant: (dtype, (head_dim, v_head_dim), bounded mask?, varlen?)."""
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
-                 pingpong: bool = False):
-        assert head_dim in (64, 128), head_dim
+                 pingpong: bool = False, v_head_dim=None):
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        assert (head_dim, v_head_dim) in TILES, (head_dim, v_head_dim)
         self.dtype = dtype
         self.D = head_dim
+        self.Dv = v_head_dim
         self.BM = BLOCK_M
-        self.BN = BLOCK_N
-        self.stages = stages_for(head_dim)
+        self.BN, self.stages = TILES[(head_dim, v_head_dim)]
+        assert smem_bytes(head_dim, v_head_dim) <= SMEM_BYTES
         self.bounded = bounded
         self.varlen = varlen
         # overlap: issue Q K_{n+1}^T and P_n V_n back to back and run softmax(n+1) while P_n V_n is in flight
@@ -83,16 +107,16 @@ class FlashFwdSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32, win_left: Int32, win_right: Int32,
                  grid_m: Int32, stream):
-        D, BM, BN, dt = self.D, self.BM, self.BN, self.dtype
+        D, Dv, BM, BN, dt = self.D, self.Dv, self.BM, self.BN, self.dtype
         if cutlass.const_expr(self.varlen):
             # THD -> (S, D, H): rows, head_dim (contiguous), heads
             q3 = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0], D, mQ.shape[1]),
                                                                 stride=(mQ.stride[0], 1, mQ.stride[1])))
             k3 = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[0], D, mK.shape[1]),
                                                                 stride=(mK.stride[0], 1, mK.stride[1])))
-            vt = cute.make_tensor(mV.iterator, cute.make_layout((D, mV.shape[0], mV.shape[1]),
+            vt = cute.make_tensor(mV.iterator, cute.make_layout((Dv, mV.shape[0], mV.shape[1]),
                                                                 stride=(1, mV.stride[0], mV.stride[1])))
-            o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[0], D, mO.shape[1]),
+            o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[0], Dv, mO.shape[1]),
                                                                  stride=(mO.stride[0], 1, mO.stride[1])))
             lse_v = cute.make_tensor(mLSE.iterator, cute.make_layout((mLSE.shape[1], mLSE.shape[0]),
                                                                      stride=(mLSE.stride[1], mLSE.stride[0])))
@@ -106,9 +130,9 @@ class FlashFwdSm90:
             k3 = cute.make_tensor(mK.iterator, cute.make_layout(
                 (mK.shape[1], D, mK.shape[2], mK.shape[0]), stride=(mK.stride[1], 1, mK.stride[2], mK.stride[0])))
             vt = cute.make_tensor(mV.iterator, cute.make_layout(
-                (D, mV.shape[1], mV.shape[2], mV.shape[0]), stride=(1, mV.stride[1], mV.stride[2], mV.stride[0])))
+                (Dv, mV.shape[1], mV.shape[2], mV.shape[0]), stride=(1, mV.stride[1], mV.stride[2], mV.stride[0])))
             o_v = cute.make_tensor(mO.iterator, cute.make_layout(
-                (mO.shape[1], D, mO.shape[2], mO.shape[0]), stride=(mO.stride[1], 1, mO.stride[2], mO.stride[0])))
+                (mO.shape[1], Dv, mO.shape[2], mO.shape[0]), stride=(mO.stride[1], 1, mO.stride[2], mO.stride[0])))
             # lse [B,H,Sq] -> (Sq, H, B)
             lse_v = cute.make_tensor(mLSE.iterator, cute.make_layout(
                 (mLSE.shape[2], mLSE.shape[1], mLSE.shape[0]),
@@ -124,19 +148,20 @@ class FlashFwdSm90:
         qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                        (2, 1, 1), tiler_mn=(64, BN))
         pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-                                                   (2, 1, 1), tiler_mn=(64, D),
+                                                   (2, 1, 1), tiler_mn=(64, Dv),
                                                    a_source=warpgroup.OperandSource.RMEM)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, self.stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (BM, D, BN), dt, self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (BM, Dv, BN), dt, self.stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, q3, cute.slice_(sQ_layout, (None, None, 0)), (BM, D))
         tma_k, tK = cpasync.make_tiled_tma_atom(g2s, k3, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
-        tma_v, tV = cpasync.make_tiled_tma_atom(g2s, vt, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+        tma_v, tV = cpasync.make_tiled_tma_atom(g2s, vt, cute.slice_(sV_layout, (None, None, 0)), (Dv, BN))
 
         self.q_bytes = BM * D * dt.width // 8
-        self.kv_bytes = BN * D * dt.width // 8
+        self.k_bytes = BN * D * dt.width // 8
+        self.v_bytes = BN * Dv * dt.width // 8
 
         @cute.struct
         class SharedStorage:
@@ -188,7 +213,7 @@ class FlashFwdSm90:
     def clear_tail(self, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, head: Int32, m_block: Int32,
                    grid_m: Int32, tidx: Int32):
         """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over 128-row chunks)."""
-        D, BM = self.D, self.BM
+        D, BM = self.Dv, self.BM  # out rows are Dv wide
         total = mO.shape[0]
         start = mCuQ[mCuQ.shape[0] - 1] + m_block * BM
         zero = self.dtype(0.0)
@@ -206,7 +231,7 @@ class FlashFwdSm90:
                win_right: Int32, num_heads: Int32, num_kv_heads: Int32, qk_mma: cute.TiledMma,
                qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, tidx: Int32, head: Int32, batch: Int32,
                m_block: Int32, q_off: Int32, seqlen_q: Int32, k_off: Int32, seqlen_k: Int32):
-        D, BM, BN, dt = self.D, self.BM, self.BN, self.dtype
+        D, Dv, BM, BN, dt = self.D, self.Dv, self.BM, self.BN, self.dtype
         kv_head = head // (num_heads // num_kv_heads)
         m_start = m_block * BM
 
@@ -233,7 +258,7 @@ class FlashFwdSm90:
             gLh = mLSE[None, head, batch]
         gQ = cute.local_tile(gQh, (BM, D), (m_block, 0))
         gK = cute.local_tile(gKh, (BN, D), (None, 0))   # (BN, D, n)
-        gV = cute.local_tile(gVh, (D, BN), (0, None))   # (D, BN, n)
+        gV = cute.local_tile(gVh, (Dv, BN), (0, None))   # (Dv, BN, n)
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
                                          cute.group_modes(gQ, 0, 2))
         tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
@@ -248,10 +273,10 @@ class FlashFwdSm90:
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
         pipe_k = pipeline.PipelineTmaAsync.create(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
                                                   producer_group=producer, consumer_group=consumers,
-                                                  tx_count=self.kv_bytes, defer_sync=True)
+                                                  tx_count=self.k_bytes, defer_sync=True)
         pipe_v = pipeline.PipelineTmaAsync.create(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
                                                   producer_group=producer, consumer_group=consumers,
-                                                  tx_count=self.kv_bytes, defer_sync=True)
+                                                  tx_count=self.v_bytes, defer_sync=True)
         if tidx == 0:
             cute.arch.mbarrier_init(q_bar, 1)
         cute.arch.mbarrier_init_fence()
@@ -285,13 +310,13 @@ class FlashFwdSm90:
             tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ2))
             tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
             tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BM, D)))
+            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BM, Dv)))
             acc_o.fill(0.0)
             o_mn = acc_mn_view(acc_o)
             c_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BM, BN))))
             n_kblk_pv = BN // 16
 
-            oc_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
+            oc_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, Dv))))
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             qk_mma.set(warpgroup.Field.ACCUMULATE, False)
             qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)

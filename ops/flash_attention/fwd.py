@@ -5,10 +5,11 @@ max_seqlen_q=0, max_seqlen_k=0, stream=0) -> None``
 
 Tensors are any DLPack objects (``__dlpack__``/``__dlpack_device__``) on a CUDA device; ``out``/``lse`` are
 preallocated by the caller and fully written here.
-  dense : q [B,Sq,H,D], k/v [B,Sk,Hkv,D], out [B,Sq,H,D], lse float32 [B,H,Sq]
-  varlen: q [Tq,H,D], k/v [Tk,Hkv,D], out [Tq,H,D], lse float32 [H,Tq], cu_seqlens_q/k int32 [batch+1],
-          max_seqlen_q/k host ints (no device read on the host).
-Kernel variants are compiled once per (dtype, head_dim, bounded mask, varlen) from stand-in tensors
+  dense : q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], out [B,Sq,H,Dv], lse float32 [B,H,Sq]
+  varlen: q [Tq,H,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], out [Tq,H,Dv], lse float32 [H,Tq], cu_seqlens_q/k int32
+          [batch+1], max_seqlen_q/k host ints (no device read on the host).
+  (D, Dv) one of supported.FWD_HEAD_DIMS.
+Kernel variants are compiled once per (dtype, D, Dv, bounded mask, varlen) from stand-in tensors
 (``fake_args``) and cached; shapes and strides are dynamic, so a new B/S/H does not recompile. Arguments are
 wrapped once as tvm_ffi tensors (ops.common.tensors), validated from that metadata, and the compiled TVM-FFI
 entry is called with them: no cute.Tensor is built per call.
@@ -46,22 +47,23 @@ OVERLAP = os.environ.get("PADDLE_DSA_FWD_OVERLAP", "1") != "0"
 PINGPONG = os.environ.get("PADDLE_DSA_FWD_PINGPONG", "0") == "1"
 
 
-def variant_key(dtype_name, head_dim, bounded, varlen):
-    return (dtype_name, int(head_dim), bool(bounded), bool(varlen))
+def variant_key(dtype_name, head_dim, bounded, varlen, v_head_dim=None):
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    return (dtype_name, int(head_dim), int(v_head_dim), bool(bounded), bool(varlen))
 
 
 def all_variant_keys():
     """Every kernel variant the seam can choose (used by the CPU compile tests)."""
-    return [variant_key(dt, d, b, vl) for dt in supported.DTYPES for d in supported.HEAD_DIMS
+    return [variant_key(dt, d, b, vl, dv) for dt in supported.DTYPES for d, dv in supported.FWD_HEAD_DIMS
             for b in (False, True) for vl in (False, True)]
 
 
 def _compile(key, args):
     _, cutlass, cute, fwd_mod = _lazy()
     from ..common.tensors import COMPILE_OPTIONS
-    dtype_name, head_dim, bounded, varlen = key
+    dtype_name, head_dim, v_head_dim, bounded, varlen = key
     kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=OVERLAP,
-                                pingpong=PINGPONG)
+                                pingpong=PINGPONG, v_head_dim=v_head_dim)
     return cute.compile(kern, *args, options=COMPILE_OPTIONS)
 
 
@@ -78,7 +80,7 @@ def fake_args(key):
     lse/cu_seqlens innermost stride 1, 4-byte aligned."""
     cuda, cutlass, cute, _ = _lazy()
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    dtype_name, head_dim, bounded, varlen = key
+    dtype_name, head_dim, v_head_dim, bounded, varlen = key
     dt = _dtype_of(dtype_name)
 
     def t(dtype, ndim, last=None, divisibility=8, align=16):
@@ -88,7 +90,8 @@ def fake_args(key):
 
     nd = 3 if varlen else 4
     div = _STRIDE_DIVISIBILITY.get((int(head_dim), bool(bounded)), 8)
-    q, k, v, o = (t(dt, nd, head_dim, divisibility=div) for _ in range(4))
+    q, k = (t(dt, nd, head_dim, divisibility=div) for _ in range(2))
+    v, o = (t(dt, nd, v_head_dim, divisibility=div) for _ in range(2))
     lse = t(cutlass.Float32, 2 if varlen else 3, divisibility=1, align=4)
     cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
     cu_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
@@ -132,15 +135,16 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     for name, s in (("q", qs), ("k", ks), ("v", vs), ("out", os_)):
         if len(s) != nd:
             raise ValueError(f"{name}: expected {nd} dims ({'THD' if varlen else 'BSHD'}), got shape {s}")
-    D = qs[-1]
-    if D not in supported.HEAD_DIMS:
-        raise ValueError(f"q: head_dim {D} not supported (supported: {supported.HEAD_DIMS})")
-    if ks[-1] != D or vs[-1] != D:
-        raise ValueError(f"k/v: head_dim must equal q's {D}, got k {ks}, v {vs}")
-    if ks != vs:
-        raise ValueError(f"k and v shapes differ: {ks} vs {vs}")
-    if os_ != qs:
-        raise ValueError(f"out: shape {os_} must equal q's {qs}")
+    D, Dv = qs[-1], vs[-1]
+    if ks[-1] != D:
+        raise ValueError(f"k: head_dim must equal q's {D}, got k {ks}")
+    if (D, Dv) not in supported.FWD_HEAD_DIMS:
+        raise ValueError(f"q/v: (head_dim, v_head_dim) ({D}, {Dv}) not supported (supported: "
+                         f"{supported.FWD_HEAD_DIMS})")
+    if ks[:-1] != vs[:-1]:
+        raise ValueError(f"k and v shapes differ (but for the head_dim): {ks} vs {vs}")
+    if os_ != qs[:-1] + (Dv,):
+        raise ValueError(f"out: shape {os_} must be q's with v's head_dim, {qs[:-1] + (Dv,)}")
     H, Hkv = qs[-2], ks[-2]
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"q heads ({H}) must be a multiple of k/v heads ({Hkv})")
@@ -174,7 +178,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
 
-    fn = compile_variant(variant_key(dtype_name, D, bounded, varlen))
+    fn = compile_variant(variant_key(dtype_name, D, bounded, varlen, Dv))
     cu_q = at["cu_seqlens_q"].ffi if varlen else None
     cu_k = at["cu_seqlens_k"].ffi if varlen else None
     fn(at["q"].ffi, at["k"].ffi, at["v"].ffi, at["out"].ffi, at["lse"].ffi, cu_q, cu_k,

@@ -4,7 +4,13 @@ paddle_dsa's validation reads this table for tensors on a CUDA place; the refere
 head_dim and head count. A configuration outside the table is rejected with ValueError before launch.
 """
 
-# head_dim values the sm90 kernels were written and tuned for (query/key and value share head_dim).
-HEAD_DIMS = (64, 128)
+# (query/key head_dim, value head_dim) pairs the sm90 forward kernel was written and tuned for
+# (forward_sm90.TILES holds each pair's tile); out and dv follow the value head_dim.
+FWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
+# the pairs the sm90 backward kernels run; the other forward pairs take the pure-Paddle reference backward
+# (blockwise, on the same GPU, with a one-time warning) until their backward kernels exist.
+BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
+# query/key head_dim values of the forward table.
+HEAD_DIMS = tuple(sorted({d for d, _ in FWD_HEAD_DIMS}))
 # element types of q/k/v/out, by name.
 DTYPES = ("bfloat16", "float16")

@@ -35,11 +35,12 @@ def _out(t):
 
 
 def forward(q, k, v, scale, causal, window, cu_q=None, cu_k=None, max_q=0, max_k=0):
-    """out (q's shape and dtype) and lse (float32 [B,H,Sq] or [H,Tq]); every element written by the kernel."""
+    """out (q's shape with v's head_dim, q's dtype) and lse (float32 [B,H,Sq] or [H,Tq]); every element written by
+    the kernel."""
     varlen = cu_q is not None
     shp = PORT.shape(q)
     lse_shape = [shp[1], shp[0]] if varlen else [shp[0], shp[2], shp[1]]
-    out = _empty(shp, q.dtype)
+    out = _empty(list(shp[:-1]) + [PORT.shape(v)[-1]], q.dtype)
     lse = _empty(lse_shape, paddle.float32)
     ex = PORT.export
     _module("fwd").flash_attn_fwd(

@@ -1,5 +1,5 @@
 """Racecheck / memcheck of small backward configs (simple non-deterministic, deterministic, varlen, and the
-pipelined "fast" kernel; GQA 2:1, causal).
+pipelined "fast" kernel; GQA 2:1, causal; D 64, 96, 128).
 
 Usage (on the GPU machine, repo root):
     compute-sanitizer --tool racecheck python tests/gpu/sanitize_bwd.py
@@ -28,6 +28,10 @@ def run_once():
     check("sanitize fast2 dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=2)
     check("sanitize fast varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
           Tq=75, Tk=96, fast=True)
+    # D = 96 (64-byte swizzled tiles): simple, deterministic and pipelined kernels
+    check("sanitize D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True)
+    check("sanitize det D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True, deterministic=True)
+    check("sanitize fast D96", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=96, causal=True, fast=True)
     torch.cuda.synchronize()
     print("sanitize_bwd: run ok")
 

@@ -1,4 +1,5 @@
-"""One small forward config per path (dense causal GQA, varlen) for compute-sanitizer racecheck/memcheck."""
+"""Small forward configs (dense causal GQA, varlen; head dims 64, 128, 96, 192 / 128, 256) for compute-sanitizer
+racecheck / memcheck."""
 import math
 import os
 import sys
@@ -32,8 +33,28 @@ def main():
     flash_attn_fwd(qv, kv, vv, ov, lv, softmax_scale=1 / math.sqrt(128), causal=False, window=(32, 8),
                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=101, max_seqlen_k=130,
                    stream=torch.cuda.current_stream().cuda_stream)
+    # head dims beyond 64 / 128: (192, 128) dense causal GQA (BN 128), (256, 256) varlen (BN 64), (96, 96) dense
+    extra = []
+    for (d, dv, varlen) in ((192, 128, False), (256, 256, True), (96, 96, False)):
+        if varlen:
+            x = (torch.randn(180, 2, d, device=dev, dtype=torch.bfloat16), torch.randn(140, 1, d, device=dev,
+                 dtype=torch.bfloat16), torch.randn(140, 1, dv, device=dev, dtype=torch.bfloat16))
+            o = torch.full((180, 2, dv), float("nan"), device=dev, dtype=torch.bfloat16)
+            lx = torch.full((2, 180), float("nan"), device=dev)
+            flash_attn_fwd(*x, o, lx, softmax_scale=1 / math.sqrt(d), causal=True, window=(-1, -1),
+                           cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=101, max_seqlen_k=130,
+                           stream=torch.cuda.current_stream().cuda_stream)
+        else:
+            x = (torch.randn(1, 200, 4, d, device=dev, dtype=torch.bfloat16), torch.randn(1, 150, 2, d, device=dev,
+                 dtype=torch.bfloat16), torch.randn(1, 150, 2, dv, device=dev, dtype=torch.bfloat16))
+            o = torch.full((1, 200, 4, dv), float("nan"), device=dev, dtype=torch.bfloat16)
+            lx = torch.full((1, 4, 200), float("nan"), device=dev)
+            flash_attn_fwd(*x, o, lx, softmax_scale=1 / math.sqrt(d), causal=True, window=(-1, -1),
+                           stream=torch.cuda.current_stream().cuda_stream)
+        extra += [o, lx]
     torch.cuda.synchronize()
     bad = int(torch.isnan(out).sum() + torch.isnan(lse).sum() + torch.isnan(ov).sum() + torch.isnan(lv).sum())
+    bad += int(sum(torch.isnan(t).sum() for t in extra))
     print("sanitize_fwd: unwritten (NaN) elements:", bad)
     sys.exit(1 if bad else 0)
 

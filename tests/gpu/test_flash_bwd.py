@@ -197,7 +197,7 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # ----------------------------------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_basic(dt, D, causal):
     check(f"dense {dt} D{D} causal={causal}", B=2, Sq=128, Sk=128, H=2, Hkv=2, D=D, dtype=DT[dt], causal=causal)
@@ -256,9 +256,34 @@ def test_lse_only_loss_dv_exactly_zero():
     assert torch.count_nonzero(got[2]) == 0, "dV must be exactly 0 for an LSE-only loss"
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 96, 128])
 def test_deterministic_numerics(D):
     check(f"deterministic D{D}", B=2, Sq=255, Sk=300, H=4, Hkv=2, D=D, causal=True, deterministic=True)
+
+
+# D = 96 (64-byte swizzled tiles, dQ in one 96-column chunk on the pipelined kernel), added 2026-12-03
+@pytest.mark.parametrize("S", [1, 17, 255, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_d96_seqlens(S, causal):
+    check(f"D96 S={S} causal={causal}", B=1, Sq=S, Sk=S, H=2, Hkv=2, D=96, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_d96_gqa_sq_ne_sk_window(causal):
+    check(f"D96 GQA 4:1 Sq 300 Sk 190 causal={causal}", B=2, Sq=300, Sk=190, H=4, Hkv=1, D=96, causal=causal)
+    check(f"D96 window causal={causal}", B=1, Sq=300, Sk=257, H=2, Hkv=2, D=96, causal=causal, window=(100, 7))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_d96_varlen_dlse(deterministic):
+    check(f"D96 varlen det={deterministic}", H=4, Hkv=2, D=96, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
+          cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345, deterministic=deterministic)
+    check(f"D96 dlse det={deterministic}", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=96, causal=True, with_dlse=True,
+          deterministic=deterministic)
+
+
+def test_d96_long_4097():
+    check("D96 S=4097 causal", B=1, Sq=4097, Sk=4097, H=2, Hkv=1, D=96, causal=True)
 
 
 def test_deterministic_bitwise_100():

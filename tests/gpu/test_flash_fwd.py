@@ -30,7 +30,7 @@ BF16, F16 = torch.bfloat16, torch.float16
 
 def run_fwd(q, k, v, *, causal=False, window=(-1, -1), scale=None, cu_q=None, cu_k=None, max_q=0, max_k=0):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    out = torch.full_like(q, float("nan"))
+    out = torch.full(q.shape[:-1] + v.shape[-1:], float("nan"), dtype=q.dtype, device=DEV)   # [.., Dv]
     if cu_q is None:
         B, Sq, H, _ = q.shape
         lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=DEV)
@@ -169,11 +169,11 @@ def test_large_logits():
 
 
 # ------------------------------------------------------------------------------------------------ varlen
-def _varlen_case(seg_q, seg_k, H, Hkv, D, extra_q=0, extra_k=0, dtype=BF16):
+def _varlen_case(seg_q, seg_k, H, Hkv, D, extra_q=0, extra_k=0, dtype=BF16, Dv=None):
     cu_q = torch.tensor([0] + list(torch.tensor(seg_q).cumsum(0).tolist()), dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0] + list(torch.tensor(seg_k).cumsum(0).tolist()), dtype=torch.int32, device=DEV)
     Tq, Tk = int(cu_q[-1]) + extra_q, int(cu_k[-1]) + extra_k
-    q, k, v = rnd(Tq, H, D, dtype=dtype), rnd(Tk, Hkv, D, dtype=dtype), rnd(Tk, Hkv, D, dtype=dtype)
+    q, k, v = rnd(Tq, H, D, dtype=dtype), rnd(Tk, Hkv, D, dtype=dtype), rnd(Tk, Hkv, Dv or D, dtype=dtype)
     return q, k, v, cu_q, cu_k, max(seg_q), max(seg_k)
 
 
@@ -263,3 +263,95 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="16"):
         bad = rnd(1, 16 * 2 * 64 + 4)[:, 4:].reshape(1, 16, 2, 64)  # base offset 8 B
         flash_attn_fwd(bad, q, q, out, lse, softmax_scale=0.1, causal=False, window=(-1, -1))
+
+
+# ------------------------------------------------------------------------------------------------ head dims 96, 192, 256
+# The pairs added on 2026-12-03 (supported.FWD_HEAD_DIMS beyond (64, 64) / (128, 128)): (192, 128) is MLA in MHA form
+# (DeepSeek's dense warm-up). Each pair: sequence lengths on and off the tile grids (BN 128 or 64), causal, GQA with
+# Sq != Sk, windows, dead rows, fp16, varlen with empty segments and tail rows, wide logits.
+NEW_DIMS = [(96, 96), (192, 128), (192, 192), (256, 256)]
+ids = [f"{d}-{dv}" for d, dv in NEW_DIMS]
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+@pytest.mark.parametrize("S", [1, 17, 255, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims_dense(dims, S, causal):
+    D, Dv = dims
+    torch.manual_seed(S * 7 + D + Dv + causal)
+    q, k, v = rnd(2, S, 3, D), rnd(2, S, 3, D), rnd(2, S, 3, Dv)
+    check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+def test_head_dims_long(dims):
+    D, Dv = dims
+    torch.manual_seed(D + Dv)
+    q, k, v = rnd(1, 4097, 2, D), rnd(1, 4097, 2, D), rnd(1, 4097, 2, Dv)
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims_gqa_sq_ne_sk(dims, causal):
+    D, Dv = dims
+    torch.manual_seed(3 * D + Dv)
+    q, k, v = rnd(2, 333, 8, D), rnd(2, 290, 2, D), rnd(2, 290, 2, Dv)
+    check(q, k, v, causal=causal)
+    q, k, v = rnd(1, 203, 4, D), rnd(1, 519, 1, D), rnd(1, 519, 1, Dv)
+    check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+def test_head_dims_window_and_dead_rows(dims):
+    D, Dv = dims
+    torch.manual_seed(5 * D + Dv)
+    q, k, v = rnd(1, 500, 4, D), rnd(1, 500, 2, D), rnd(1, 500, 2, Dv)
+    check(q, k, v, causal=True, window=(64, 0))
+    check(q, k, v, window=(32, 16))
+    q, k, v = rnd(2, 799, 2, D), rnd(2, 3, 1, D), rnd(2, 3, 1, Dv)   # rows 0..795 see no key
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+def test_head_dims_fp16(dims):
+    D, Dv = dims
+    torch.manual_seed(11 + D + Dv)
+    q, k, v = rnd(2, 300, 4, D, dtype=F16), rnd(2, 300, 4, D, dtype=F16), rnd(2, 300, 4, Dv, dtype=F16)
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims_varlen(dims, causal):
+    D, Dv = dims
+    torch.manual_seed(21 + D + Dv)
+    q, k, v, cu_q, cu_k, mq, mk = _varlen_case([5, 0, 1, 294, 1000, 3], [7, 3, 0, 390, 500, 513], 4, 2, D,
+                                              extra_q=37, extra_k=5, Dv=Dv)
+    check(q, k, v, causal=causal, cu_q=cu_q, cu_k=cu_k, max_q=mq, max_k=mk)
+
+
+@pytest.mark.parametrize("dims", NEW_DIMS, ids=ids)
+@pytest.mark.parametrize("kscale", [8, 5000])
+def test_head_dims_wide_logits(dims, kscale):
+    """K scaled x8 and x5000: sharp softmax rows, lse up to ~1e5; no overflow, out at the floor."""
+    D, Dv = dims
+    torch.manual_seed(kscale + D + Dv)
+    q, k, v = rnd(1, 384, 2, D), rnd(1, 384, 2, D, scale=kscale), rnd(1, 384, 2, Dv)
+    check(q, k, v, causal=True)
+
+
+def test_head_dims_validation():
+    """k's head_dim must be q's; v's may differ only as the table allows; out follows v."""
+    lse = torch.empty(1, 2, 16, device=DEV)
+    q, k = rnd(1, 16, 2, 192), rnd(1, 16, 2, 192)
+    for dv in (64, 96, 256):                                    # (192, dv) not in the table
+        v = rnd(1, 16, 2, dv)
+        with pytest.raises(ValueError, match="not supported"):
+            flash_attn_fwd(q, k, v, rnd(1, 16, 2, dv), lse, softmax_scale=0.1, causal=False, window=(-1, -1))
+    v = rnd(1, 16, 2, 128)
+    with pytest.raises(ValueError, match="out: shape"):          # out shaped like q, not like v
+        flash_attn_fwd(q, k, v, torch.empty_like(q), lse, softmax_scale=0.1, causal=False, window=(-1, -1))
+    with pytest.raises(ValueError, match="k: head_dim"):
+        flash_attn_fwd(q, rnd(1, 16, 2, 128), v, rnd(1, 16, 2, 128), lse, softmax_scale=0.1, causal=False,
+                       window=(-1, -1))

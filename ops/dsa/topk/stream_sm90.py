@@ -10,13 +10,14 @@ the bitonic sort are TopkSm90's (inherited): only the way the row is read change
 Why a second kernel. TopkSm90 caches a row of up to 40960 columns in 160 KiB of shared memory, so one CTA of 16
 warps owns an SM, and it walks the row one 4-byte element a thread at a time with a dependent chain per element
 (cp.async, then key / match.any / atomic): at 32K x 32K it ran at ~0.4 TB/s, latency-bound. Here nothing of the
-row is cached: the row is read from global memory twice (the second read mostly hits L2: two CTAs an SM keep
-2 x 132 rows of 128 KiB, 34 MiB, under the 50 MiB L2) in tiles of NT x V x U columns (V = 4), each thread holding
+row is cached: the row is read from global memory twice (the second read mostly hits L2: three CTAs an SM keep
+3 x 132 rows of 128 KiB, 50 MiB, about the L2) in tiles of NT x V x U columns (V = 4), each thread holding
 U 16-byte vectors (U x 4 keys) in registers, so U loads are in flight per thread and the per-key work of a tile is
-independent. Shared memory is 56 KiB (selection, candidates, histogram), so two CTAs share an SM
-(MIN_BLOCKS = 2: min_blocks_per_mp caps registers at 64). U and MIN_BLOCKS are class attributes that
-bench/topk_breakdown.py --sweep varies ((2, 3), (1, 4), (8, 1) also compile without spills); only the default
-(4, 2) has run the GPU tests.
+independent. Shared memory is 56 KiB (selection, candidates, histogram), so three CTAs share an SM
+(MIN_BLOCKS = 3: min_blocks_per_mp caps registers at 42; ptxas: 38, no spills). U and MIN_BLOCKS are class
+attributes that bench/topk_breakdown.py --sweep varies: on the H200 (2026-12-03 19:40, perf/device_2026-12-03T1940.txt)
+(U 2, 3 CTAs) was the fastest of (4, 2) (2, 2) (2, 3) (1, 3) (1, 4) (8, 1) on all four rows, 4.24 ms against the
+former default (4, 2)'s 4.33 at 32K x 32K k 2048 and 2.38 against 2.69 at W 4K, so it is the default.
 
 Keys. key_bits gives finite scores key_of's order-preserving keys bit for bit, but keeps the bits of +-inf and NaN
 (key_of maps them to 0): those land in the pass-0 digits 0-3 (-inf, negative NaN; columns past width read as -inf)
@@ -51,14 +52,14 @@ from cutlass import Float32, Int32
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load
-U = 4                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
+U = 2                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
 
 class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
-    U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (8192 at U = 4)
-    MIN_BLOCKS = 2               # CTAs an SM the registers are capped for (2: 64 registers, 56 KiB of shared memory)
+    U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (4096 at U = 2)
+    MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of shared memory)
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):

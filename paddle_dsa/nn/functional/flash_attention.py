@@ -24,16 +24,20 @@ _REF_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _warned_fallback = set()
 
 
-def _check_gpu_table(op, dtype, head_dim, v_head_dim=None):
+def _check_gpu_table(op, dtype, head_dim, v_head_dim):
     """Tensors on a CUDA place go to the kernels: only their supported table is accepted."""
     if dtype not in SUPPORTED.DTYPES:
         V.fail(op, f"dtype {dtype} is not supported on a GPU place; supported: {', '.join(SUPPORTED.DTYPES)}", TypeError)
-    if head_dim not in SUPPORTED.HEAD_DIMS:
-        V.fail(op, f"head_dim {head_dim} is not supported on a GPU place; supported head_dim: "
-                   f"{', '.join(map(str, SUPPORTED.HEAD_DIMS))} (the CPU reference path accepts any)")
-    if v_head_dim is not None and v_head_dim != head_dim:
-        V.fail(op, f"value head_dim {v_head_dim} != query head_dim {head_dim} is not supported on a GPU place (the "
-                   "kernels need equal head dims; the CPU reference path accepts any)")
+    if (head_dim, v_head_dim) not in SUPPORTED.FWD_HEAD_DIMS:
+        pairs = ", ".join(f"({d}, {dv})" for d, dv in SUPPORTED.FWD_HEAD_DIMS)
+        V.fail(op, f"(head_dim, value head_dim) ({head_dim}, {v_head_dim}) is not supported on a GPU place; "
+                   f"supported: {pairs} (the CPU reference path accepts any)")
+
+
+def _bwd_on_kernel(head_dim, v_head_dim):
+    """The backward kernels run only the pairs of SUPPORTED.BWD_HEAD_DIMS; the other forward pairs take the
+    blockwise reference backward on the same GPU (warned once per op and pair)."""
+    return (head_dim, v_head_dim) in SUPPORTED.BWD_HEAD_DIMS
 
 
 def _use_kernel(op, which, kernel_shape):
@@ -52,7 +56,8 @@ def _use_kernel(op, which, kernel_shape):
 class _Config:
     """Static configuration of one call (plain Python values, no grad slots)."""
 
-    __slots__ = ("op", "scale", "causal", "window", "kernel_shape", "cu_q_host", "cu_k_host", "max_q", "max_k")
+    __slots__ = ("op", "scale", "causal", "window", "kernel_shape", "bwd_kernel", "cu_q_host", "cu_k_host", "max_q",
+                 "max_k", "dims")
 
     def __init__(self, **kw):
         for key in self.__slots__:
@@ -68,7 +73,12 @@ def _forward(cfg, q, k, v, cu_q, cu_k):
 
 
 def _backward(cfg, q, k, v, out, dout, lse, dlse, cu_q, cu_k):
-    if _use_kernel(cfg.op, "bwd", cfg.kernel_shape):
+    if cfg.kernel_shape and not cfg.bwd_kernel and (cfg.op, cfg.dims) not in _warned_fallback:
+        _warned_fallback.add((cfg.op, cfg.dims))
+        warnings.warn(f"paddle_dsa.{cfg.op}: no backward kernel for (head_dim, value head_dim) {cfg.dims} yet "
+                      f"(kernels: {SUPPORTED.BWD_HEAD_DIMS}); running the blockwise pure-Paddle reference backward "
+                      "on the GPU")
+    if _use_kernel(cfg.op, "bwd", cfg.kernel_shape and cfg.bwd_kernel):
         return gpu.backward(q, k, v, out, dout, lse, dlse, cfg.scale, cfg.causal, cfg.window, cu_q, cu_k,
                             cfg.max_q, cfg.max_k, deterministic=config.deterministic_backward)
     if cu_q is None:
@@ -145,8 +155,10 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
 
     Args:
         query: [B, Sq, H, D]; key: [B, Sk, Hkv, D], value: [B, Sk, Hkv, Dv] with H % Hkv == 0 (query head h
-            reads key/value head h // (H / Hkv)); Dv = D on a GPU place, any Dv on the CPU reference path (e.g.
-            MLA in MHA form: D 192, Dv 128). bfloat16 or float16 (float32 and float64 on the CPU reference path).
+            reads key/value head h // (H / Hkv)); on a GPU place (D, Dv) is one of
+            ops/flash_attention/supported.FWD_HEAD_DIMS ((64, 64), (96, 96), (128, 128), (192, 128) as MLA in MHA
+            form uses, (192, 192), (256, 256)); the CPU reference path accepts any. bfloat16 or float16 (float32
+            and float64 on the CPU reference path).
         causal: bottom-right aligned causal mask.
         softmax_scale: defaults to 1/sqrt(D).
         window_size: (left, right) sliding window, -1 unbounded.
@@ -170,7 +182,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, wind
     if 0 in (qs[0], qs[1], ks[1]):      # no batch, no query row or no key: out 0, lse -inf, zero gradients
         out, lse = empty_attention((query, key, value), qs[:3] + vs[3:], (qs[0], qs[2], qs[1]))
         return (out, lse) if return_softmax_lse else out
-    cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=on_gpu, max_q=qs[1], max_k=ks[1])
+    cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=on_gpu, max_q=qs[1], max_k=ks[1],
+                  bwd_kernel=_bwd_on_kernel(qs[3], vs[3]), dims=(qs[3], vs[3]))
     out, lse = _FlashAttention.apply(query, key, value, cfg)
     return (out, lse) if return_softmax_lse else out
 
@@ -210,11 +223,13 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
         out, lse = empty_attention((query, key, value), qs[:2] + vs[2:], (qs[1], qs[0]))
         return (out, lse) if return_softmax_lse else out
     kernel_shape = on_gpu
+    bwd_kernel = _bwd_on_kernel(qs[2], vs[2])
     cu_q_host = cu_k_host = None
-    if not (kernel_shape and gpu.available("fwd") and gpu.available("bwd")):
+    if not (kernel_shape and gpu.available("fwd") and gpu.available("bwd") and bwd_kernel):
         cu_q_host = np.asarray(PORT.to_numpy(cu_seqlens_q), dtype=np.int64)
         cu_k_host = np.asarray(PORT.to_numpy(cu_seqlens_k), dtype=np.int64)
     cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=kernel_shape,
-                  cu_q_host=cu_q_host, cu_k_host=cu_k_host, max_q=max_q, max_k=max_k)
+                  cu_q_host=cu_q_host, cu_k_host=cu_k_host, max_q=max_q, max_k=max_k, bwd_kernel=bwd_kernel,
+                  dims=(qs[2], vs[2]))
     out, lse = _FlashAttention.apply(query, key, value, cu_seqlens_q, cu_seqlens_k, cfg)
     return (out, lse) if return_softmax_lse else out
