@@ -173,7 +173,7 @@ def main(a):
 
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  {torch.cuda.get_device_name()}  torch {torch.__version__}"
           f"  cuDNN {torch.backends.cudnn.version()}", flush=True)
-    print(f"# bf16 H={a.heads} B*S={a.tokens} tokens, TFLOP/s (fwd 4BHSSD, causal halved; bwd 2.5x fwd), device time,"
+    print(f"# bf16 H={a.heads} B*S={a.tokens} tokens, TFLOP/s (fwd 2BHSS(D+Dv), causal halved; bwd 2.5x fwd), device time,"
           f" median of {a.iters}; ratio columns = ours / peer", flush=True)
     print("# FA4: " + (f"flash-attn-4 {fa4_ver}" if fa4 is not None else f"column skipped ({fa4_err})"), flush=True)
     print(header(impls), flush=True)
