@@ -9,7 +9,8 @@
 # Knobs: RUN_DSA_DIAG=1 runs bench/dsa_attn_precision.py (DSA_PRECISION_ARGS) and bench/topk_breakdown.py;
 # GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
 # bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; RUN_ATTN_BENCH=1 runs
-# bench/sparse_attention.py (ATTN_BENCH_ARGS); GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
+# bench/sparse_attention.py (ATTN_BENCH_ARGS); RUN_SHAPES_BENCH=1 runs bench/flash_attention_shapes.py (GQA and varlen
+# rows, SHAPES_BENCH_ARGS); GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
 # skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
 # BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
 # (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry apache-tvm-ffi
@@ -83,6 +84,17 @@ if [ "${RUN_BENCH:-0}" = "1" ] && [ -f bench/flash_attention.py ]; then
       --title "Flash attention on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), bf16, $(date -u +%F)"
     ROWS+=("$(printf '%-28s rc=%-3s' plot $?)")
   fi
+fi
+
+if [ "${RUN_SHAPES_BENCH:-0}" = "1" ] && [ -f bench/flash_attention_shapes.py ]; then
+  # the GQA 8:1 (64 query heads) and varlen (16 documents, 32K tokens) rows of the flash-attention bench
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench/flash_attention_shapes.py ${SHAPES_BENCH_ARGS:-} \
+    > "$OUT/bench_shapes.log" 2>&1
+  rc=$?
+  ROWS+=("$(printf '%-28s rc=%-3s %4ss' bench_shapes "$rc" "$(( $(date +%s) - start ))")")
+  grep -v Warning "$OUT/bench_shapes.log" | tail -12
 fi
 
 if [ "${RUN_DSA_BENCH:-0}" = "1" ] && [ -f bench/dsa_indexer.py ]; then
