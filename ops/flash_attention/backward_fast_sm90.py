@@ -477,9 +477,4 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
 
                 # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
-                for e in cutlass.range_constexpr(cute.size(acc_dK)):
-                    r, c = tKVc[e]
-                    j = jw0 + r
-                    if j < slen_k:
-                        mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(dt)
-                        mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(dt)
+                self._store_dkv(acc_dK, acc_dV, tKVc, jw0, slen_k, mdK, mdV, bb, off_k, hkv, scale)

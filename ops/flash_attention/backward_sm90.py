@@ -17,6 +17,16 @@ First, deliberately simple structure (correctness first):
 - ``_postprocess``: dQ = scale * accumulator -> input dtype for every row; varlen: zero dK/dV rows
   past cu_seqlens_k[-1].
 
+Split form, for the wide (D, Dv) pairs WIDE = (192, 128), (192, 192), (256, 256) (supported.BWD_WIDE_HEAD_DIMS):
+one CTA of 128 threads cannot hold dK and dV (64 x 256 fp32 each: 128 registers a thread apiece) plus S and dP, so
+``_main_part`` runs twice, PART_DV (S -> P -> dV += P^T dO; V is not loaded, dP not computed) and PART_DK (S, dP ->
+dS -> dK += dS^T Q), and dQ comes from ``_dq`` (the deterministic mode's kernel): three launches, 8 / 5 of the fused
+matmul work, no atomics, so every rerun is bitwise identical. dO and V have Dv columns (their own TMA atoms and, for
+Dv != D, the dV MMA ``mma_dv``); Delta sums Dv columns. ptxas (CPU, 2026-12-03): no spills, dK pass 224 / 224 / 255
+registers for (192, 128) / (192, 192) / (256, 256). The D <= 128 variants are unchanged (``_main`` = PART_BOTH;
+their PTX equals the tree before the split form but for kernel names). Status: compiled, GPU tests written
+(test_flash_bwd.py test_wide_*, sanitize_bwd.py); not yet run on the H200, so paddle_dsa does not route them.
+
 Status (H200, 2026-12-02): tests/gpu/test_flash_bwd.py 45/45 pass (every gate ratio ~1.00 x floor); bf16
 B2 S4096 H16: D128 non-causal 125, causal 109 (deterministic 160), D64 causal 104 TFLOP/s. The fp32 dQ atomics are
 the bottleneck of the non-deterministic path; next steps: smem dQ tile + bulk reduce-add, 2 MMA warpgroups with
@@ -38,6 +48,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Maj
 from cutlass.memory import SmemAllocator
 
 LOG2E = math.log2(math.e)
+# (D, Dv) pairs the split ("wide") form of this file's kernels serves: compiled and GPU-tested, not yet in
+# supported.BWD_HEAD_DIMS (see the module docstring)
+WIDE = ((192, 128), (192, 192), (256, 256))
+PART_BOTH, PART_DV, PART_DK = 0, 1, 2   # what one _main launch accumulates (Constexpr)
 BLOCK_M = 64  # query rows per tile
 BLOCK_N = 64  # key rows per tile
 NTHREADS = 128  # one warpgroup
@@ -67,12 +81,17 @@ def _sdhb(t):
 class FlashBwdSm90:
     """Backward launcher for one static configuration (dtype, head_dim, varlen, deterministic)."""
 
-    def __init__(self, dtype, head_dim: int, varlen: bool, deterministic: bool):
-        assert head_dim in (64, 96, 128)
+    def __init__(self, dtype, head_dim: int, varlen: bool, deterministic: bool, v_head_dim=None):
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        assert (head_dim, v_head_dim) in ((64, 64), (96, 96), (128, 128)) + WIDE, (head_dim, v_head_dim)
         self.dtype = dtype
         self.D = head_dim
+        self.Dv = v_head_dim
         self.varlen = varlen
-        self.deterministic = deterministic
+        # wide head dims: dK and dV in two launches of _main (PART_DK, PART_DV) and dQ by _dq, so no launch holds
+        # more than one 64 x 256 fp32 accumulator; no atomics at all (deterministic by construction)
+        self.wide = (head_dim, v_head_dim) in WIDE
+        self.deterministic = deterministic or self.wide
         self.bm = BLOCK_M
         self.bn = BLOCK_N
 
@@ -118,10 +137,13 @@ class FlashBwdSm90:
             (B4, Sq4, Sk4, H, Hkv, qhead_per_kv) = self._views(mQ, mK, mV, mO, mdO, mLSE, mdLSE, mdQ, mdK, mdV,
                                                                mLSE2, mDelta, mdQacc)
 
-        # shared-memory layouts (swizzle separated later onto the pointer)
+        # shared-memory layouts (swizzle separated later onto the pointer); dO and V have Dv columns
+        Dv = self.Dv
         atom_d = _atom_d(D, dt)
         l_q = cute.tile_to_shape(atom_d, (bm, D), order=(0, 1))
         l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
+        l_do = cute.tile_to_shape(_atom_d(Dv, dt), (bm, Dv), order=(0, 1))
+        l_v = cute.tile_to_shape(_atom_d(Dv, dt), (bn, Dv), order=(0, 1))
         l_p = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bn), order=(0, 1))
 
         mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
@@ -130,13 +152,17 @@ class FlashBwdSm90:
                                               tiler_mn=(64, D))
         mma_dq = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
                                              tiler_mn=(64, D))
+        mma_dv = mma_dkv
+        if cutlass.const_expr(Dv != D):
+            mma_dv = sm90.make_trivial_tiled_mma(dt, dt, Major.MN, Major.MN, Float32, (1, 1, 1),
+                                                 tiler_mn=(64, Dv))
 
         # TMA over (S, D, H, B) views
         G2S = cpasync.CopyBulkTensorTileG2SOp
         tma_q, gq = cpasync.make_tiled_tma_atom(G2S(), _sdhb(q4), l_q, (bm, D))
-        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), _sdhb(do4), l_q, (bm, D))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(G2S(), _sdhb(do4), l_do, (bm, Dv))
         tma_k, gk = cpasync.make_tiled_tma_atom(G2S(), _sdhb(k4), l_k, (bn, D))
-        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), _sdhb(v4), l_k, (bn, D))
+        tma_v, gv = cpasync.make_tiled_tma_atom(G2S(), _sdhb(v4), l_v, (bn, Dv))
 
         scale_log2 = scale * Float32(LOG2E)
 
@@ -144,15 +170,20 @@ class FlashBwdSm90:
         self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
             grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
 
-        self._main(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, lse23, delta3, dqacc4, dk4, dv4,
-                   mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
-                   mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p).launch(
-            grid=(grid_n, Hkv, nbatch), block=(NTHREADS, 1, 1), stream=stream)
+        main_args = (tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, lse23, delta3, dqacc4, dk4, dv4,
+                     mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
+                     mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p)
+        if cutlass.const_expr(self.wide):
+            for part in (PART_DV, PART_DK):
+                self._main_part(*main_args, mma_dv, l_do, l_v, part).launch(
+                    grid=(grid_n, Hkv, nbatch), block=(NTHREADS, 1, 1), stream=stream)
+        else:
+            self._main(*main_args).launch(grid=(grid_n, Hkv, nbatch), block=(NTHREADS, 1, 1), stream=stream)
 
         if cutlass.const_expr(self.deterministic):
             self._dq(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, lse23, delta3, dqacc4,
                      mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale_log2, win_left, win_right,
-                     mma_sdp, mma_dq, l_q, l_k, l_p).launch(
+                     mma_sdp, mma_dq, l_q, l_k, l_p, l_do, l_v).launch(
                 grid=(grid_m, H, nbatch), block=(NTHREADS, 1, 1), stream=stream)
 
         self._launch_tail(self._postprocess, dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv,
@@ -189,7 +220,7 @@ class FlashBwdSm90:
         row = bx * 128 + tid
         if row < mO.shape[1]:
             acc = Float32(0.0)
-            for d in cutlass.range_constexpr(self.D):
+            for d in cutlass.range_constexpr(self.Dv):
                 acc += Float32(mO[b, row, h, d]) * Float32(mdO[b, row, h, d])
             if has_dlse != 0:
                 acc = acc - mdLSE[b, h, row]
@@ -220,11 +251,29 @@ class FlashBwdSm90:
         total = mCuK[mCuK.shape[0] - 1]
         if row < mdK.shape[1]:
             if row >= total:
-                for d in cutlass.range_constexpr(self.D):
-                    mdK[0, row, h, d] = Float32(0.0).to(self.dtype)
-                    mdV[0, row, h, d] = Float32(0.0).to(self.dtype)
+                if cutlass.const_expr(self.Dv == self.D):
+                    for d in cutlass.range_constexpr(self.D):
+                        mdK[0, row, h, d] = Float32(0.0).to(self.dtype)
+                        mdV[0, row, h, d] = Float32(0.0).to(self.dtype)
+                else:
+                    for d in cutlass.range_constexpr(self.D):
+                        mdK[0, row, h, d] = Float32(0.0).to(self.dtype)
+                    for d in cutlass.range_constexpr(self.Dv):
+                        mdV[0, row, h, d] = Float32(0.0).to(self.dtype)
 
     # ------------------------------------------------------- shared parts
+    @cute.jit
+    def _store_dkv(self, acc_dK: cute.Tensor, acc_dV: cute.Tensor, tKVc: cute.Tensor, j0, slen_k, mdK: cute.Tensor,
+                   mdV: cute.Tensor, bb, off_k, hkv, scale: Float32):
+        """Both launchers' epilogue (D = Dv): dK = scale * acc, dV = acc in the input dtype, for the key rows
+        j0 + r inside the segment only."""
+        for e in cutlass.range_constexpr(cute.size(acc_dK)):
+            r, c = tKVc[e]
+            j = j0 + r
+            if j < slen_k:
+                mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(self.dtype)
+                mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(self.dtype)
+
     @cute.jit
     def _p_ds(self, acc_S: cute.Tensor, acc_dP: cute.Tensor, tScS: cute.Tensor, sLSE: cute.Tensor,
               sDelta: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2):
@@ -244,26 +293,47 @@ class FlashBwdSm90:
 
     # --------------------------------------------------------------- main
     @cute.kernel
-    def _main(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
-              tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
-              mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
-              mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
-              Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
-              win_left: Int32, win_right: Int32,
-              mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
-              l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout):
+    def _main(self, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, mLSE2, mDelta, mdQacc, mdK, mdV, mCuQ, mCuK, Sq,
+              Sk, qhead_per_kv, scale, scale_log2, win_left, win_right, mma_sdp, mma_dkv, mma_dq, l_q, l_k, l_p):
+        """dK and dV (and dQ unless deterministic) of one key block, D = Dv: _main_body's PART_BOTH."""
+        self._main_body(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, mLSE2, mDelta, mdQacc, mdK, mdV, mCuQ, mCuK,
+                        Sq, Sk, qhead_per_kv, scale, scale_log2, win_left, win_right, mma_sdp, mma_dkv, mma_dq,
+                        l_q, l_k, l_p, mma_dkv, l_q, l_k, PART_BOTH)
+
+    @cute.kernel
+    def _main_part(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+                   a20, a21, a22, a23, a24, a25, a26, a27, mma_dv, l_do, l_v, part: cutlass.Constexpr):
+        """One part (PART_DV or PART_DK) of the wide pairs' split form; a0..a27 are _main's arguments."""
+        self._main_body(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+                        a20, a21, a22, a23, a24, a25, a26, a27, mma_dv, l_do, l_v, part)
+
+    @cute.jit
+    def _main_body(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
+                   tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
+                   mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
+                   mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                   Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
+                   win_left: Int32, win_right: Int32,
+                   mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+                   l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout,
+                   mma_dv: cute.TiledMma, l_do: cute.ComposedLayout, l_v: cute.ComposedLayout,
+                   part: cutlass.Constexpr):
+        """part: PART_BOTH (dK and dV, and dQ unless deterministic), PART_DV (S -> P -> dV only; V is not loaded),
+        PART_DK (S, dP -> dS -> dK only; dQ comes from _dq)."""
         dt = self.dtype
-        D = self.D
+        D, Dv = self.D, self.Dv
         bm, bn = self.bm, self.bn
+        want_dv = part != PART_DK
+        want_dk = part != PART_DV
         tid, _, _ = cute.arch.thread_idx()
         nb, hkv, b = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         smem = SmemAllocator()
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_do.outer, 1024, l_do.inner)
         sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
-        sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_v.outer, 1024, l_v.inner)
         sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
         sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
         sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
@@ -294,15 +364,17 @@ class FlashBwdSm90:
 
             # K, V tiles once
             gK_t = cute.local_tile(cute.domain_offset((off_k, 0), gk[None, None, hkv, bb]), (bn, D), (nb, 0))
-            gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
+            gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, Dv), (nb, 0))
             tsK, tgK = _tma_part(tma_k, sK, gK_t)
             tsV, tgV = _tma_part(tma_v, sV, gV_t)
             # TMA copies elect a leader lane themselves (elect.sync): issue them from a whole, converged warp
+            kv_bytes = bn * (D + (Dv if want_dk else 0)) * (dt.width // 8)
             if warp_idx == 0:
                 with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, kv_bytes)
                 cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
-                cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
+                if cutlass.const_expr(want_dk):
+                    cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
 
             thr_sdp = mma_sdp.get_slice(tid)
             thr_dkv = mma_dkv.get_slice(tid)
@@ -311,8 +383,15 @@ class FlashBwdSm90:
             tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sK))
             tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
             tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sV))
-            tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sP)))
-            tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transpose(sdO)))
+            # PART_BOTH (D = Dv) keeps one MMA for dK and dV (mma_dkv), as before the split form existed
+            if cutlass.const_expr(part == PART_BOTH):
+                tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sP)))
+                tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transpose(sdO)))
+            else:
+                thr_dv = mma_dv.get_slice(tid)
+                tVrPt = mma_dv.make_fragment_A(thr_dv.partition_A(_transpose(sP)))
+                tVrdOt = mma_dv.make_fragment_B(thr_dv.partition_B(_transpose(sdO)))
+                tVc = thr_dv.partition_C(cute.make_identity_tensor((bn, Dv)))
             tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sdS)))
             tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_transpose(sQ)))
             tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS))
@@ -327,7 +406,8 @@ class FlashBwdSm90:
             acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
             acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
             acc_dK = cute.make_rmem_tensor(tKVc.shape, Float32)
-            acc_dV = cute.make_rmem_tensor(tKVc.shape, Float32)
+            acc_dV = cute.make_rmem_tensor(tKVc.shape if cutlass.const_expr(part == PART_BOTH) else tVc.shape,
+                                           Float32)
             acc_dQ = cute.make_rmem_tensor(tQc.shape, Float32)
             rP = cute.make_rmem_tensor(tScS.shape, dt)
             rdS = cute.make_rmem_tensor(tScS.shape, dt)
@@ -336,6 +416,8 @@ class FlashBwdSm90:
             mma_sdp.set(wg.Field.ACCUMULATE, True)
             mma_dkv.set(wg.Field.ACCUMULATE, True)
             mma_dq.set(wg.Field.ACCUMULATE, True)
+            if cutlass.const_expr(part != PART_BOTH):
+                mma_dv.set(wg.Field.ACCUMULATE, True)   # its own MMA (N = Dv): accumulate over the query tiles too
 
             cute.arch.mbarrier_wait(bar_kv, 0)
 
@@ -345,12 +427,12 @@ class FlashBwdSm90:
                 i0 = m * bm
                 cute.arch.sync_threads()  # previous tile fully consumed
                 gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (m, 0))
-                gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (m, 0))
+                gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, Dv), (m, 0))
                 tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
                 tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
                 if warp_idx == 0:
                     with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar_q, bm * (D + Dv) * (dt.width // 8))
                     cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
                     cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
                 if tid < bm:
@@ -370,27 +452,36 @@ class FlashBwdSm90:
                 wg.fence()
                 for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                     cute.gemm(mma_sdp, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb], acc_S)
-                for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
-                    cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb], tPrV[None, None, kb], acc_dP)
+                if cutlass.const_expr(want_dk):
+                    for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
+                        cute.gemm(mma_sdp, acc_dP, tPrdO[None, None, kb], tPrV[None, None, kb], acc_dP)
                 wg.commit_group()
                 wg.wait_group(0)
 
+                # (PART_DV: dP stays 0, so the dS computed here is unused)
                 self._p_ds(acc_S, acc_dP, tScS, sLSE, sDelta, i0, n0, slen_q, slen_k, off,
                            win_left, win_right, scale_log2)
-                rP.store(acc_S.load().to(dt))
-                rdS.store(acc_dP.load().to(dt))
-                cute.autovec_copy(rP, tPsP)
-                cute.autovec_copy(rdS, tPsdS)
+                if cutlass.const_expr(want_dv):
+                    rP.store(acc_S.load().to(dt))
+                if cutlass.const_expr(want_dk):
+                    rdS.store(acc_dP.load().to(dt))
+                if cutlass.const_expr(want_dv):
+                    cute.autovec_copy(rP, tPsP)
+                if cutlass.const_expr(want_dk):
+                    cute.autovec_copy(rdS, tPsdS)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_threads()
 
                 if cutlass.const_expr(not self.deterministic):
                     acc_dQ.fill(0.0)
                 wg.fence()
-                for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
-                    cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb], acc_dV)
-                for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
-                    cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb], acc_dK)
+                if cutlass.const_expr(want_dv):
+                    mma_v = mma_dkv if cutlass.const_expr(part == PART_BOTH) else mma_dv
+                    for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
+                        cute.gemm(mma_v, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb], acc_dV)
+                if cutlass.const_expr(want_dk):
+                    for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
+                        cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb], acc_dK)
                 if cutlass.const_expr(not self.deterministic):
                     for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
                         cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, kb], tQrKt[None, None, kb], acc_dQ)
@@ -407,12 +498,19 @@ class FlashBwdSm90:
                                           scope="gpu")
 
             # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
-            for e in cutlass.range_constexpr(cute.size(acc_dK)):
-                r, c = tKVc[e]
-                j = n0 + r
-                if j < slen_k:
-                    mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(dt)
-                    mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(dt)
+            if cutlass.const_expr(part == PART_BOTH and Dv == D):
+                self._store_dkv(acc_dK, acc_dV, tKVc, n0, slen_k, mdK, mdV, bb, off_k, hkv, scale)
+            else:
+                if cutlass.const_expr(want_dk):
+                    for e in cutlass.range_constexpr(cute.size(acc_dK)):
+                        r, c = tKVc[e]
+                        if n0 + r < slen_k:
+                            mdK[bb, off_k + n0 + r, hkv, c] = (acc_dK[e] * scale).to(dt)
+                if cutlass.const_expr(want_dv):
+                    for e in cutlass.range_constexpr(cute.size(acc_dV)):
+                        r, c = tVc[e]
+                        if n0 + r < slen_k:
+                            mdV[bb, off_k + n0 + r, hkv, c] = acc_dV[e].to(dt)
 
     # ----------------------------------------------------- deterministic dQ
     @cute.kernel
@@ -422,9 +520,10 @@ class FlashBwdSm90:
             mCuQ: cute.Tensor, mCuK: cute.Tensor, Sq, Sk, qhead_per_kv, scale_log2: Float32,
             win_left: Int32, win_right: Int32,
             mma_sdp: cute.TiledMma, mma_dq: cute.TiledMma,
-            l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout):
+            l_q: cute.ComposedLayout, l_k: cute.ComposedLayout, l_p: cute.ComposedLayout,
+            l_do: cute.ComposedLayout, l_v: cute.ComposedLayout):
         dt = self.dtype
-        D = self.D
+        D, Dv = self.D, self.Dv
         bm, bn = self.bm, self.bn
         tid, _, _ = cute.arch.thread_idx()
         mb, hq, b = cute.arch.block_idx()
@@ -433,9 +532,9 @@ class FlashBwdSm90:
 
         smem = SmemAllocator()
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_do.outer, 1024, l_do.inner)
         sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
-        sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_v.outer, 1024, l_v.inner)
         sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
         sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
         sDelta = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
@@ -462,12 +561,12 @@ class FlashBwdSm90:
             nn = cutlass.max(n_max - n_min, Int32(0))
 
             gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (mb, 0))
-            gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, D), (mb, 0))
+            gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, Dv), (mb, 0))
             tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
             tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
             if warp_idx == 0:
                 with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, 2 * bm * D * (dt.width // 8))
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, bm * (D + Dv) * (dt.width // 8))
                 cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
                 cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
             if tid < bm:
@@ -505,12 +604,12 @@ class FlashBwdSm90:
                 j0 = nb * bn
                 cute.arch.sync_threads()  # previous K/V/dS consumed; sLSE visible on first pass
                 gK_t = cute.local_tile(cute.domain_offset((off_k, 0), gk[None, None, hkv, bb]), (bn, D), (nb, 0))
-                gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, D), (nb, 0))
+                gV_t = cute.local_tile(cute.domain_offset((off_k, 0), gv[None, None, hkv, bb]), (bn, Dv), (nb, 0))
                 tsK, tgK = _tma_part(tma_k, sK, gK_t)
                 tsV, tgV = _tma_part(tma_v, sV, gV_t)
                 if warp_idx == 0:
                     with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, 2 * bn * D * (dt.width // 8))
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar_kv, bn * (D + Dv) * (dt.width // 8))
                     cute.copy(tma_k, tgK, tsK, tma_bar_ptr=bar_kv)
                     cute.copy(tma_v, tgV, tsV, tma_bar_ptr=bar_kv)
                 cute.arch.mbarrier_wait(bar_kv, it % 2)

@@ -49,15 +49,19 @@ def _fake(dtype, rank, align=16):
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
 
-def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0):
+def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0, v_head_dim=None):
     """Compile (once, cached) the whole backward for one static configuration; works without a GPU.
 
     fast: 0/False simple kernels, 1/True pipelined kernel, 2 pipelined with column-split dQ (D = 128; same as 1
-    otherwise). Deterministic always uses the simple kernels."""
+    otherwise). Deterministic always uses the simple kernels, and so do the wide pairs (supported.BWD_WIDE_HEAD_DIMS:
+    the simple kernels in their split form, deterministic by construction)."""
+    v_head_dim = head_dim if v_head_dim is None else int(v_head_dim)
+    wide = (head_dim, v_head_dim) in supported.BWD_WIDE_HEAD_DIMS
+    deterministic = bool(deterministic) or wide
     fast = 0 if deterministic else _fast_mode(int(fast))
     if fast == 2 and head_dim != 128:
         fast = 1
-    key = (dtype_name, head_dim, varlen, deterministic, fast)
+    key = (dtype_name, head_dim, varlen, deterministic, fast) + ((v_head_dim,) if v_head_dim != head_dim else ())
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
@@ -70,7 +74,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     if fast:
         launcher = FlashBwdSm90Fast(dt, head_dim, varlen, dq_cols=(fast == 2))
     else:
-        launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic)
+        launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic, v_head_dim=v_head_dim)
     fn = cute.compile(
         launcher,
         _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r),  # q k v out dout
@@ -106,18 +110,20 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         if at[n].dtype != dt_name:
             raise ValueError(f"{n}: dtype {at[n].dtype} differs from q's {dt_name}")
     D, Dv = shapes["q"][-1], shapes["v"][-1]
-    if (D, Dv) not in supported.BWD_HEAD_DIMS:
-        raise ValueError(f"q/v: (head_dim, v_head_dim) ({D}, {Dv}) has no backward kernel (supported: "
-                         f"{supported.BWD_HEAD_DIMS})")
-    for n in names:
+    kernels = supported.BWD_HEAD_DIMS + supported.BWD_WIDE_HEAD_DIMS
+    if (D, Dv) not in kernels:
+        raise ValueError(f"q/v: (head_dim, v_head_dim) ({D}, {Dv}) has no backward kernel (supported: {kernels})")
+    for n in ("k", "dq", "dk"):
         if shapes[n][-1] != D:
             raise ValueError(f"{n}: head_dim {shapes[n][-1]} differs from q's {D}")
-    for n in ("out", "dout", "dq"):
-        if shapes[n] != shapes["q"]:
-            raise ValueError(f"{n}: shape {shapes[n]} must equal q's {shapes['q']}")
-    for n in ("v", "dk", "dv"):
-        if shapes[n] != shapes["k"]:
-            raise ValueError(f"{n}: shape {shapes[n]} must equal k's {shapes['k']}")
+    q_dv = shapes["q"][:-1] + (Dv,)
+    for n, want in (("out", q_dv), ("dout", q_dv), ("dq", shapes["q"]), ("dk", shapes["k"]), ("dv", shapes["v"])):
+        if shapes[n] != want:
+            raise ValueError(f"{n}: shape {shapes[n]} must be {want} (q / k / v and the value head_dim {Dv})")
+    if shapes["v"][:-1] != shapes["k"][:-1]:
+        raise ValueError(f"v: shape {shapes['v']} must equal k's {shapes['k']} but for the head_dim")
+    if (D, Dv) in supported.BWD_WIDE_HEAD_DIMS:
+        deterministic, fast = True, 0   # the split simple kernels: no pipelined form, no atomics
     H, Hkv = shapes["q"][-2], shapes["k"][-2]
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")
@@ -165,7 +171,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     delta = arg_tensor(alloc(lse_shape, "float32"), "delta workspace").require_inner_contiguous(4)
     dqacc = arg_tensor(alloc(shapes["q"], "float32"), "dq_accum workspace").require_tma()
 
-    fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast)
+    fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast, v_head_dim=Dv)
     fn(*(at[n].ffi for n in ("q", "k", "v", "out", "dout")), lse_t.ffi, dlse_t.ffi,
        *(at[n].ffi for n in ("dq", "dk", "dv")), lse2.ffi, delta.ffi, dqacc.ffi,
        cu_q.ffi if varlen else None, cu_k.ffi if varlen else None,

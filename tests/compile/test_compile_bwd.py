@@ -41,3 +41,12 @@ def test_compile_bwd_fast2(dtype, varlen):
         pytest.skip("D = 128 not supported")
     fn = bwd.compile_variant(dtype, 128, varlen, False, fast=2)
     assert fn is not None
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("dims", list(supported.BWD_WIDE_HEAD_DIMS), ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("dtype", list(supported.DTYPES))
+def test_compile_bwd_wide(dtype, dims, varlen):
+    """The split form of backward_sm90.py for the wide (D, Dv) pairs (dV, dK and dQ in separate launches)."""
+    fn = bwd.compile_variant(dtype, dims[0], varlen, True, v_head_dim=dims[1])
+    assert fn is not None

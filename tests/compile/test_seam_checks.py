@@ -166,6 +166,15 @@ def call_bwd(**over):
     (dict(dv=cuda(h16(2, 64, 4, 68)[..., :64])), "dv: every stride must be a multiple of 16 bytes"),
     (dict(k=cuda(h16(2, 64, 3, 64)), v=cuda(h16(2, 64, 3, 64)), dk=cuda(h16(2, 64, 3, 64)),
           dv=cuda(h16(2, 64, 3, 64))), "kv heads do not divide"),
+    # value head_dim: the pair must have a backward kernel, and out / dout / dv must follow v
+    (dict(v=cuda(h16(2, 64, 4, 128)), dv=cuda(h16(2, 64, 4, 128))), r"\(64, 128\) has no backward kernel"),
+    (dict(q=cuda(h16(2, 64, 4, 192)), k=cuda(h16(2, 64, 4, 192)), v=cuda(h16(2, 64, 4, 128)),
+          dq=cuda(h16(2, 64, 4, 192)), dk=cuda(h16(2, 64, 4, 192)), dv=cuda(h16(2, 64, 4, 128)),
+          out=cuda(h16(2, 64, 4, 128))), r"dout: shape \(2, 64, 4, 64\) must be \(2, 64, 4, 128\)"),
+    (dict(q=cuda(h16(2, 64, 4, 192)), k=cuda(h16(2, 64, 4, 192)), v=cuda(h16(2, 64, 4, 128)),
+          dq=cuda(h16(2, 64, 4, 192)), dk=cuda(h16(2, 64, 4, 192)), dv=cuda(h16(2, 64, 4, 192)),
+          out=cuda(h16(2, 64, 4, 128)), dout=cuda(h16(2, 64, 4, 128))), r"dv: shape"),
+    (dict(k=cuda(h16(2, 64, 4, 128))), r"k: head_dim 128 differs from q's 64"),
 ])
 def test_bwd_rejects(over, msg):
     with pytest.raises(ValueError, match=msg):

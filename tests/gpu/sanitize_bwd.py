@@ -32,6 +32,10 @@ def run_once():
     check("sanitize D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True)
     check("sanitize det D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True, deterministic=True)
     check("sanitize fast D96", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=96, causal=True, fast=True)
+    # the wide pairs' split form (dV, dK, dQ launches): dense (192, 128) and varlen (256, 256)
+    check("sanitize wide 192/128", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=192, Dv=128, causal=True)
+    check("sanitize wide 256 varlen", H=2, Hkv=1, D=256, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
+          Tq=75, Tk=96)
     torch.cuda.synchronize()
     print("sanitize_bwd: run ok")
 

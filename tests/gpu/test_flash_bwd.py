@@ -95,7 +95,7 @@ def _bwd_dense(q, k, v, out, dout, lse, dlse, *, causal, window, scale, upcast, 
     dq = torch.matmul(dsr, kf) * scale
     dk = torch.matmul(dsr.transpose(-1, -2), qf) * scale
     dk = dk.reshape(B, Hkv, g, Sk, D).sum(2)
-    dv = dv.reshape(B, Hkv, g, Sk, D).sum(2)
+    dv = dv.reshape(B, Hkv, g, Sk, v.shape[-1]).sum(2)
     res = [dq.permute(0, 2, 1, 3), dk.permute(0, 2, 1, 3), dv.permute(0, 2, 1, 3)]
     if round_to is not None:
         res = [x.to(round_to).to(upcast) for x in res]
@@ -131,20 +131,21 @@ def rel_rms(x, ref):
 
 # -------------------------------------------------------------------------------------------------- harness
 def make_inputs(B, Sq, Sk, H, Hkv, D, dtype, *, causal, window, scale, cu_q=None, cu_k=None, Tq=None, Tk=None,
-                dout_zero=False, with_dlse=False, seed=0, mag=1.0):
+                dout_zero=False, with_dlse=False, seed=0, mag=1.0, Dv=None):
     gen = torch.Generator(device=DEV).manual_seed(seed)
+    Dv = D if Dv is None else Dv
     if cu_q is None:
         qs, ks = (B, Sq, H, D), (B, Sk, Hkv, D)
     else:
         qs, ks = (Tq, H, D), (Tk, Hkv, D)
     q = (torch.randn(qs, generator=gen, device=DEV) * mag).to(dtype)
     k = (torch.randn(ks, generator=gen, device=DEV) * mag).to(dtype)
-    v = torch.randn(ks, generator=gen, device=DEV).to(dtype)
+    v = torch.randn(ks[:-1] + (Dv,), generator=gen, device=DEV).to(dtype)
     out32, lse = attention_ref(q, k, v, causal=causal, window=window, softmax_scale=scale,
                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, upcast=torch.float32)
     out = out32.to(dtype)
     lse = lse.float().contiguous()
-    dout = torch.zeros_like(q) if dout_zero else torch.randn(qs, generator=gen, device=DEV).to(dtype)
+    dout = torch.zeros_like(out) if dout_zero else torch.randn(out.shape, generator=gen, device=DEV).to(dtype)
     dlse = torch.randn(lse.shape, generator=gen, device=DEV) if with_dlse else None
     return q, k, v, out, dout, lse, dlse
 
@@ -164,14 +165,15 @@ def run_kernel(q, k, v, out, dout, lse, dlse, *, causal, window, scale, cu_q=Non
 
 def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, causal=False, window=(-1, -1),
           scale=None, cu_q=None, cu_k=None, Tq=None, Tk=None, dout_zero=False, with_dlse=False,
-          deterministic=False, seed=0, mag=1.0, fast=None):
+          deterministic=False, seed=0, mag=1.0, fast=None, Dv=None):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if cu_q is not None:
         cu_q = torch.tensor(cu_q, dtype=torch.int32, device=DEV)
         cu_k = torch.tensor(cu_k, dtype=torch.int32, device=DEV)
     q, k, v, out, dout, lse, dlse = make_inputs(B, Sq, Sk, H, Hkv, D, dtype, causal=causal, window=window,
                                                 scale=scale, cu_q=cu_q, cu_k=cu_k, Tq=Tq, Tk=Tk,
-                                                dout_zero=dout_zero, with_dlse=with_dlse, seed=seed, mag=mag)
+                                                dout_zero=dout_zero, with_dlse=with_dlse, seed=seed, mag=mag,
+                                                Dv=Dv)
     mq = mk = 0
     if cu_q is not None:
         mq = int((cu_q[1:] - cu_q[:-1]).max())
@@ -284,6 +286,52 @@ def test_d96_varlen_dlse(deterministic):
 
 def test_d96_long_4097():
     check("D96 S=4097 causal", B=1, Sq=4097, Sk=4097, H=2, Hkv=1, D=96, causal=True)
+
+
+# The wide pairs (supported.BWD_WIDE_HEAD_DIMS: backward_sm90.py's split form, dV / dK / dQ in three launches, no
+# atomics), written 2026-12-03 and compiled on CPU; they run here (once, the form has no kernel modes) before
+# paddle_dsa routes them.
+WIDE = [(192, 128), (192, 192), (256, 256)]
+wide_ids = [f"{d}-{dv}" for d, dv in WIDE]
+
+
+@pytest.fixture
+def one_form(bwd_variant):
+    """The wide pairs have a single kernel form: run them once (under the "simple" variant)."""
+    if bwd_variant:
+        pytest.skip("the wide pairs have one kernel form")
+
+
+@pytest.mark.parametrize("dims", WIDE, ids=wide_ids)
+@pytest.mark.parametrize("S", [1, 17, 255, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_wide_seqlens(dims, S, causal, one_form):
+    check(f"D{dims} S={S} causal={causal}", B=1, Sq=S, Sk=S, H=2, Hkv=2, D=dims[0], Dv=dims[1], causal=causal)
+
+
+@pytest.mark.parametrize("dims", WIDE, ids=wide_ids)
+def test_wide_gqa_window_varlen_dlse_fp16(dims, one_form):
+    D, Dv = dims
+    check(f"D{dims} GQA 4:1 Sq 300 Sk 190 causal", B=2, Sq=300, Sk=190, H=4, Hkv=1, D=D, Dv=Dv, causal=True)
+    check(f"D{dims} window", B=1, Sq=300, Sk=257, H=2, Hkv=2, D=D, Dv=Dv, window=(100, 7))
+    check(f"D{dims} varlen", H=4, Hkv=2, D=D, Dv=Dv, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
+          cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345)
+    check(f"D{dims} dlse", B=1, Sq=200, Sk=300, H=2, Hkv=1, D=D, Dv=Dv, causal=True, with_dlse=True)
+    check(f"D{dims} fp16", B=1, Sq=255, Sk=255, H=2, Hkv=2, D=D, Dv=Dv, dtype=torch.float16, causal=True)
+    check(f"D{dims} K x 30", B=1, Sq=200, Sk=200, H=2, Hkv=2, D=D, Dv=Dv, causal=True, mag=30.0)
+
+
+@pytest.mark.parametrize("dims", WIDE, ids=wide_ids)
+def test_wide_long_and_bitwise(dims, one_form):
+    D, Dv = dims
+    check(f"D{dims} S=4097 GQA 2:1 causal", B=1, Sq=4097, Sk=4097, H=2, Hkv=1, D=D, Dv=Dv, causal=True)
+    scale = 1.0 / math.sqrt(D)
+    inp = make_inputs(1, 300, 300, 2, 1, D, torch.bfloat16, causal=True, window=(-1, -1), scale=scale, seed=5, Dv=Dv)
+    ref = run_kernel(*inp, causal=True, window=(-1, -1), scale=scale)
+    for _ in range(10):   # no atomics: every rerun is bitwise the first
+        got = run_kernel(*inp, causal=True, window=(-1, -1), scale=scale)
+        for a, b in zip(ref, got):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), "wide backward rerun differs"
 
 
 def test_deterministic_bitwise_100():
