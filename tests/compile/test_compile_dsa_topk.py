@@ -27,7 +27,7 @@ def test_pad_k_covers_every_k():
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_topk_ptx(tmp_path, stream):
-    """No local memory; the streaming kernel reads scores with 16-byte loads and asks for two CTAs an SM."""
+    """No local memory; the streaming kernel reads scores with 16-byte loads and asks for its MIN_BLOCKS CTAs an SM."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
     code = ("import sys; sys.path.insert(0, %r); from ops.dsa.topk import fwd; "
@@ -39,10 +39,11 @@ def test_topk_ptx(tmp_path, stream):
     assert "atom.shared" in text or "red.shared" in text       # shared-memory histogram
     assert "st.local" not in text and "ld.local" not in text
     if stream:
-        assert "ld.global.v4" in text and ".minnctapersm 2" in text
+        from ops.dsa.topk.stream_sm90 import TopkStreamSm90
+        assert "ld.global.v4" in text and f".minnctapersm {TopkStreamSm90.MIN_BLOCKS}" in text
 
 
-@pytest.mark.parametrize("u,mb", [(2, 3), (1, 4), (8, 1)])
+@pytest.mark.parametrize("u,mb", [(4, 2), (1, 4), (8, 1)])
 def test_compile_stream_launch_shapes(monkeypatch, u, mb):
     """The streaming kernel's other launch shapes (bench/topk_breakdown.py --sweep) compile."""
     from ops.dsa.topk import stream_sm90
