@@ -215,3 +215,22 @@ def test_d96_backward_on_kernel(rng, fake):
         w.simplefilter("error")
         F.flash_attention(q, q.detach(), q.detach(), causal=True).astype("float32").sum().backward()
     assert [c[0] for c in fake.calls] == ["fwd", "bwd"]
+
+
+def test_varlen_forward_only_reads_nothing_on_host(rng, fake, monkeypatch):
+    """A (192, 128) varlen forward without gradients runs on the kernel and never needs the offsets on the host (the
+    host copy is taken only for a backward that will run on the reference path)."""
+    q, _ = make(rng, [22, 2, 192], "bfloat16", requires_grad=False)
+    k, _ = make(rng, [31, 1, 192], "bfloat16", requires_grad=False)
+    v, _ = make(rng, [31, 1, 128], "bfloat16", requires_grad=False)
+    cu_q = paddle.to_tensor(np.array([0, 3, 3, 20], np.int32))
+    cu_k = paddle.to_tensor(np.array([0, 5, 9, 30], np.int32))
+
+    import paddle_dsa
+
+    def no_host_read(_):
+        raise AssertionError("cu_seqlens read on the host")
+    monkeypatch.setattr(paddle_dsa.config, "check_cu_seqlens_values", False)   # the value checks read them too
+    monkeypatch.setattr(PORT, "to_numpy", no_host_read)
+    out = F.flash_attention_varlen(q, k, v, cu_q, cu_k, 17, 21, causal=True)
+    assert list(out.shape) == [22, 2, 128] and [c[0] for c in fake.calls] == ["fwd"]

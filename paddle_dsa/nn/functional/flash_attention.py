@@ -225,7 +225,11 @@ def flash_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_se
     kernel_shape = on_gpu
     bwd_kernel = _bwd_on_kernel(qs[2], vs[2])
     cu_q_host = cu_k_host = None
-    if not (kernel_shape and gpu.available("fwd") and gpu.available("bwd") and bwd_kernel):
+    # the reference path reads the segment offsets on the host: the forward's, or a backward that will run there
+    ref_fwd = not (kernel_shape and gpu.available("fwd"))
+    ref_bwd = not (kernel_shape and gpu.available("bwd") and bwd_kernel) and \
+        any(PORT.needs_grad(t) for t in (query, key, value))
+    if ref_fwd or ref_bwd:
         cu_q_host = np.asarray(PORT.to_numpy(cu_seqlens_q), dtype=np.int64)
         cu_k_host = np.asarray(PORT.to_numpy(cu_seqlens_k), dtype=np.int64)
     cfg = _Config(op=op, scale=scale, causal=causal, window=window, kernel_shape=kernel_shape,
