@@ -108,7 +108,7 @@ def test_gpu_table_rejects_untuned_shapes(dtype, dims, match):
 def test_gpu_table_accepts_the_forward_pairs(dims):
     fa_module._check_gpu_table("flash_attention", "bfloat16", *dims)
     fa_module._check_gpu_table("flash_attention", "float16", *dims)
-    assert fa_module._bwd_on_kernel(*dims) == (dims in ((64, 64), (96, 96), (128, 128)))
+    assert fa_module._bwd_on_kernel(*dims)     # every forward pair has a backward kernel (H200 2026-12-04)
 
 
 def test_static_mode_raises_not_implemented():

@@ -162,11 +162,18 @@ def test_empty_token_axis_takes_reference_path(rng, fake):
 
 
 
+def drop_bwd_kernel(monkeypatch, *pairs):
+    """Every forward pair has a backward kernel today; the fallback (a forward pair without one) is kept for a pair
+    added to the forward table first, and tested by taking pairs out of the backward table."""
+    monkeypatch.setattr(fa.SUPPORTED, "BWD_HEAD_DIMS", tuple(p for p in fa.SUPPORTED.BWD_HEAD_DIMS if p not in pairs))
+
+
 @pytest.mark.parametrize("d,dv", [(192, 128), (256, 256)])
-def test_forward_kernel_reference_backward(rng, fake, d, dv):
-    """(D, Dv) pairs with a forward kernel and no backward kernel yet: the forward runs on the kernel (out shaped
+def test_forward_kernel_reference_backward(rng, fake, monkeypatch, d, dv):
+    """A (D, Dv) pair with a forward kernel and no backward kernel: the forward runs on the kernel (out shaped
     [.., Dv]), the backward on the blockwise reference path with a one-time warning, and the gradients are the
     reference's."""
+    drop_bwd_kernel(monkeypatch, (d, dv))
     b, sq, sk, h, hkv = 1, 19, 23, 2, 1
     dtype = "bfloat16"
     q, q64 = make(rng, [b, sq, h, d], dtype)
@@ -185,6 +192,7 @@ def test_forward_kernel_reference_backward(rng, fake, d, dv):
 def test_varlen_forward_kernel_reference_backward(rng, fake, monkeypatch):
     """Varlen (192, 128): the reference backward needs the segment offsets on the host; they are read once, at the
     call (the forward still runs on the kernel)."""
+    drop_bwd_kernel(monkeypatch, (192, 128))
     cu_q = np.array([0, 3, 3, 20], np.int32)
     cu_k = np.array([0, 5, 9, 30], np.int32)
     q, _ = make(rng, [22, 2, 192], "bfloat16")
@@ -206,14 +214,16 @@ def test_varlen_forward_kernel_reference_backward(rng, fake, monkeypatch):
         np.testing.assert_allclose(to64(g1), to64(g2), rtol=0.05, atol=0.05)
 
 
-def test_d96_backward_on_kernel(rng, fake):
-    """(96, 96) has both kernels: forward and backward go through the seam, no fallback warning."""
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (192, 192), (256, 256)])
+def test_backward_on_kernel(rng, fake, d, dv):
+    """These pairs have both kernels: forward and backward go through the seam, no fallback warning."""
     import warnings as w
-    q, _ = make(rng, [1, 9, 2, 96], "bfloat16")
+    q, _ = make(rng, [1, 9, 2, d], "bfloat16")
+    v, _ = make(rng, [1, 9, 2, dv], "bfloat16")
     fa._warned_fallback.clear()
     with w.catch_warnings():
         w.simplefilter("error")
-        F.flash_attention(q, q.detach(), q.detach(), causal=True).astype("float32").sum().backward()
+        F.flash_attention(q, q.detach(), v, causal=True).astype("float32").sum().backward()
     assert [c[0] for c in fake.calls] == ["fwd", "bwd"]
 
 

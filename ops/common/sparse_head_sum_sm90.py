@@ -55,10 +55,14 @@ class SparseHeadSumSm90:
 
     PROMOTE = 0        # k-blocks per fp32 promotion of the wgmma sums (head_sum_sm90.mma_block); 0: none
     PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
+    MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
+    REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
         assert stages % 2 == 0 and stages >= 4
+        bound = 65536 // (NUM_THREADS * self.MIN_BLOCKS) // 8 * 8
+        assert 128 * self.REGS[0] + 256 * self.REGS[1] <= NUM_THREADS * min(bound, 168), (self.REGS, bound)
         self.D, self.H, self.DC, self.NC = head_dim, heads, chunk, head_dim // chunk
         self.stages, self.varlen, self.has_length = stages, varlen, has_length
         self.with_stat = True
@@ -102,7 +106,8 @@ class SparseHeadSumSm90:
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tQ, k_v, mC, mIdx, mLen, mS, mStat, mCuQ, mCuK, scale, mma, mma_acc, sQ_layout,
-                    sK_layout).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+                    sK_layout).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream,
+                                    min_blocks_per_mp=self.MIN_BLOCKS, preferred_smem_carveout=100)
 
     # ------------------------------------------------------------------------------------------ device
     @cute.kernel
@@ -195,7 +200,7 @@ class SparseHeadSumSm90:
         wg = warp // 4
         if wg == 0:
             # ---------------- producer warpgroup: Q by TMA (warp 0), key rows by cp.async (all 128 threads)
-            cute.arch.setmaxregister_decrease(40)      # 128 x 40 + 256 x 232 = 384 x 168, the CTA's allocation
+            cute.arch.setmaxregister_decrease(self.REGS[0])   # within the CTA's allocation (REGS)
             if warp == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 with cute.arch.elect_one():
@@ -239,7 +244,7 @@ class SparseHeadSumSm90:
                     publish(pipe, self.stages, self.chunk_state(total - lag + j, True).index, lag - 1 - j)
         else:
             # ---------------- consumer warpgroups (the dense core's schedule, one query)
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(self.REGS[1])
             ctid = tidx - 128
             cwg = wg - 1
             lane = ctid % 32
@@ -312,12 +317,16 @@ class SparseHeadSumSm90:
 
     def lag(self):
         """Chunks a producer thread keeps in flight before publishing the oldest. Deadlock-free when the chunk a
-        stage held last is published before the producer waits for that stage to empty: with half rings of
-        stages / 2 = 4 that holds for LAG = 3 when a consumer releases each chunk on its own (PROMOTE > 0) or its
-        blocks have at most 2 chunks; a consumer that releases chunk c only once chunk c + 1 arrived (PROMOTE = 0,
-        head_sum_sm90.mma_block) with more chunks a block needs the lag of 1."""
-        assert self.stages == 8
-        return LAG if (self.PROMOTE > 0 or self.NC <= 2) else 1
+        stage held last is published before the producer waits for that stage to empty. A consumer that releases
+        each chunk on its own (PROMOTE > 0, or one chunk a block) frees a stage whose previous chunk is the
+        producer's chunk g - stages (half rings of stages / 2 a whole number of blocks): any LAG < stages holds. A
+        consumer that releases chunk c only once chunk c + 1 arrived (PROMOTE = 0, head_sum_sm90.mma_block, several
+        chunks a block) needs the lag of 1 (LAG with two chunks a block; shown for half rings of 4)."""
+        if self.PROMOTE > 0 or self.NC == 1:
+            assert (self.stages // 2) % self.NC == 0 and LAG < self.stages, (self.stages, self.NC)
+            return LAG
+        assert self.stages == 8, self.stages      # the chained release was shown for half rings of 4
+        return LAG if self.NC <= 2 else 1
 
     def chunk_state(self, g, producer):
         """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring."""

@@ -110,7 +110,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         if at[n].dtype != dt_name:
             raise ValueError(f"{n}: dtype {at[n].dtype} differs from q's {dt_name}")
     D, Dv = shapes["q"][-1], shapes["v"][-1]
-    kernels = supported.BWD_HEAD_DIMS + supported.BWD_WIDE_HEAD_DIMS
+    kernels = supported.BWD_HEAD_DIMS
     if (D, Dv) not in kernels:
         raise ValueError(f"q/v: (head_dim, v_head_dim) ({D}, {Dv}) has no backward kernel (supported: {kernels})")
     for n in ("k", "dq", "dk"):

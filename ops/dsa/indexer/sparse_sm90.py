@@ -13,12 +13,12 @@ row per CTA, 1 CTA per SM); docs/performance.md lists the levers.
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .score_sm90 import IndexerEpilogue
 
-STAGES = 8
-
 
 class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
     """One compiled variant: (head_dim, heads, varlen, has_length); the weight dtype comes with mC."""
 
+    STAGES = 8
+
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
-        super().__init__(head_dim, heads, head_dim, STAGES, varlen, has_length)
+        super().__init__(head_dim, heads, head_dim, self.STAGES, varlen, has_length)

@@ -1,0 +1,78 @@
+"""Launch-shape sweep of the sparse indexer score recompute (ops/dsa/indexer/sparse_sm90.py) on the H200.
+
+Each variant sets the kernel class's STAGES (ring buffers of one 64-slot block of key rows), MIN_BLOCKS (CTAs an SM:
+the launch bound caps registers at 64 K / (384 MIN_BLOCKS)) and REGS (setmaxnreg of producer / consumers), is
+compiled, checked bit for bit against the first variant (same wgmmas, same epilogue order: the results must be
+identical; 5 % of the indices invalid), and timed at the bench row's shape: B 1, Sq 4K, Sk 8K, top-k 2048, 64 heads,
+Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in the same run when it is unpacked.
+
+Run:  python bench/sparse_score_shapes.py [--iters N]
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.indexer import sparse as seam  # noqa: E402
+from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90 as Kernel  # noqa: E402
+from timing import device_time  # noqa: E402
+
+VARIANTS = ((8, 1, (40, 232)), (4, 2, (40, 96)), (6, 2, (40, 96)))
+
+
+def main(a):
+    dev = "cuda"
+    Sq, Sk, K, H, D = 4096, 8192, 2048, 64, 128
+    g = torch.Generator(device=dev).manual_seed(7)
+    q = torch.randn(1, Sq, H, D, device=dev, generator=g).bfloat16()
+    k = torch.randn(1, Sk, D, device=dev, generator=g).bfloat16()
+    w = torch.randn(1, Sq, H, device=dev, generator=g) * H ** -0.5
+    idx = torch.randint(0, Sk, (1, Sq, K), device=dev, dtype=torch.int32, generator=g)
+    bad = torch.rand(1, Sq, K, device=dev, generator=g) < 0.05
+    idx_bad = torch.where(bad, torch.where(torch.rand(1, Sq, K, device=dev, generator=g) < 0.5, -1, Sk + 3),
+                          idx).int()
+    st = torch.cuda.current_stream().cuda_stream
+    flops = 2.0 * Sq * K * H * D
+    default = (Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS)
+    print(f"# sparse indexer recompute launch shapes, {torch.cuda.get_device_name()}; default {default}")
+    print(f"{'stages':>6s} {'blocks':>6s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'same bits':>9s}", flush=True)
+    ref = None
+    for stages, blocks, regs in VARIANTS:
+        Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = stages, blocks, regs
+        seam._CACHE.clear()
+        s = torch.full((1, Sq, K), float("nan"), device=dev)
+        lse = torch.full((1, Sq), float("nan"), device=dev)
+        try:
+            seam.sparse_indexer_fwd(q, k, w, idx_bad, s, lse, stream=st)
+            torch.cuda.synchronize()
+            same = "-"
+            if ref is None:
+                ref = (s.clone(), lse.clone())
+            else:
+                same = str(bool(torch.equal(s, ref[0]) and torch.equal(lse, ref[1])))
+            t, _ = device_time(lambda: seam.sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st), a.iters)
+            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} {same:>9s}",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = default
+    seam._CACHE.clear()
+    try:
+        import importlib
+        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+        wb = w.bfloat16()
+        t, _ = device_time(lambda: dsa.sparse_indexer_score_recompute_wrapper(q, k, wb, idx), a.iters)
+        print(f"{'cuDNN frontend':>24s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=20)
+    main(p.parse_args())
