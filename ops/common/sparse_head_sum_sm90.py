@@ -319,11 +319,15 @@ class SparseHeadSumSm90:
         """Chunks a producer thread keeps in flight before publishing the oldest. Deadlock-free when the chunk a
         stage held last is published before the producer waits for that stage to empty. A consumer that releases
         each chunk on its own (PROMOTE > 0, or one chunk a block) frees a stage whose previous chunk is the
-        producer's chunk g - stages (half rings of stages / 2 a whole number of blocks): any LAG < stages holds. A
+        producer's chunk g - stages when a half ring of stages / 2 holds whole blocks (any LAG < stages holds), at
+        least g - stages / 2 otherwise (LAG < stages / 2). A
         consumer that releases chunk c only once chunk c + 1 arrived (PROMOTE = 0, head_sum_sm90.mma_block, several
         chunks a block) needs the lag of 1 (LAG with two chunks a block; shown for half rings of 4)."""
         if self.PROMOTE > 0 or self.NC == 1:
-            assert (self.stages // 2) % self.NC == 0 and LAG < self.stages, (self.stages, self.NC)
+            # the other consumer's chunks interleave: the gap is >= stages / 2, exactly stages when whole blocks fill
+            # a half ring
+            gap = self.stages if (self.stages // 2) % self.NC == 0 else self.stages // 2
+            assert LAG < gap, (self.stages, self.NC)
             return LAG
         assert self.stages == 8, self.stages      # the chained release was shown for half rings of 4
         return LAG if self.NC <= 2 else 1
