@@ -3,12 +3,12 @@ query's own top-k slots (ops/common/sparse_head_sum_sm90.py with IndexerEpilogue
 
     index_score[t, s] = sum_h w[t, h] * relu(q[t, h] . k[idx[t, s]])   valid slots; -inf at invalid ones
     index_lse[t]      = ln sum_{valid s} exp(index_score[t, s])        0 for a row with no valid slot
-Key rows gathered with cp.async (D = 64 or 128 in one chunk), ring of 8 chunk buffers; one query row per CTA.
+Key rows gathered with cp.async (D = 64 or 128 in one chunk), ring of 4 chunk buffers; one query row per CTA, two CTAs an SM.
 
-Status (H200, 2026-12-03): tests/gpu/test_dsa_sparse_scores.py 32 passed (both kinds), racecheck/memcheck clean;
-Sq 4K, top-k 2048, 64 heads, Di 128: 0.96 ms = 144 TFLOP/s (2.17 ms before the producer kept 3 chunks in flight
-and loaded the next block's indices ahead); cuDNN frontend 0.38 ms in the same run: still latency-bound (one query
-row per CTA, 1 CTA per SM); docs/performance.md lists the levers.
+Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_scores.py 32 passed (both kinds), racecheck/memcheck clean;
+Sq 4K, top-k 2048, 64 heads, Di 128: 0.62 ms = 221 TFLOP/s with two CTAs an SM (0.96 ms with one, 2.17 ms before
+the producer kept 3 chunks in flight); cuDNN frontend 0.38 ms in the same run (0.62x). Still one query row per CTA:
+several rows per CTA and a persistent grid are the next levers (docs/performance.md).
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .score_sm90 import IndexerEpilogue
