@@ -3,7 +3,8 @@ query's own top-k slots (ops/common/sparse_head_sum_sm90.py with IndexerEpilogue
 
     index_score[t, s] = sum_h w[t, h] * relu(q[t, h] . k[idx[t, s]])   valid slots; -inf at invalid ones
     index_lse[t]      = ln sum_{valid s} exp(index_score[t, s])        0 for a row with no valid slot
-Key rows gathered with cp.async (D = 64 or 128 in one chunk), ring of 4 chunk buffers; one query row per CTA, two CTAs an SM.
+Key rows gathered with cp.async (D = 64 or 128 in one chunk), ring of 4 chunk buffers; one query row per CTA, two
+CTAs an SM.
 
 Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_scores.py 32 passed (both kinds), racecheck/memcheck clean;
 Sq 4K, top-k 2048, 64 heads, Di 128: 0.62 ms = 221 TFLOP/s with two CTAs an SM (0.96 ms with one, 2.17 ms before
