@@ -51,14 +51,14 @@ NUM_THREADS = 384
 CONSUMER_WARPS = 8
 
 
-def ring_state(stages: int, ring: Int32, i: Int32, producer: bool):
-    """Pipeline state of chunk i (counted within one consumer's half ring) of consumer `ring`: stage
-    ring * stages/2 + i % (stages/2), phase parity from the lap. Each consumer owns its half of the stages, so it
-    consumes every fill of each of its stages and can never wait on a barrier one whole lap ahead (a consumer that
-    skipped the other's fills of a shared stage could pass an mbarrier parity check one phase early: ABA)."""
-    half = stages // 2
-    lap = (i // half) % 2
-    return pipeline.PipelineState(stages, i, ring * half + i % half, lap ^ 1 if producer else lap)
+def ring_state(stages: int, ring: Int32, i: Int32, producer: bool, parts: int = 2):
+    """Pipeline state of chunk i (counted within one consumer's part of the ring) of consumer `ring` of `parts`:
+    stage ring * stages/parts + i % (stages/parts), phase parity from the lap. Each consumer owns its part of the
+    stages, so it consumes every fill of each of its stages and can never wait on a barrier one whole lap ahead (a
+    consumer that skipped another's fills of a shared stage could pass an mbarrier parity check one phase early: ABA)."""
+    part = stages // parts
+    lap = (i // part) % 2
+    return pipeline.PipelineState(stages, i, ring * part + i % part, lap ^ 1 if producer else lap)
 
 
 @cute.jit

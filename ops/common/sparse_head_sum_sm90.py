@@ -21,7 +21,8 @@ columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 thread
     full barrier (128 arrivals: all writers, so the consumer's wait orders every lane's stores, not only a fence).
   - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
     ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
-    the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity, store (lanes
+    the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity (the thread's
+    two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store (lanes
     quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
     lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
 Layouts. Dense: q [B,Sq,H,D], k [B,Sk,D], idx int32 [B,Sq,K], topk_length int32 [B,Sq], scores fp32 [B,Sq,K],
@@ -152,17 +153,11 @@ class SparseHeadSumSm90:
         return (batch, row)
 
     @cute.jit
-    def slot_row(self, mIdx: cute.Tensor, mLen: cute.Tensor, batch: Int32, row: Int32, j: Int32, n_slots: Int32,
-                 seqlen_k: Int32):
-        """(valid, key index within the sequence) of slot j."""
-        valid = j < n_slots
-        kidx = Int32(0)
-        if valid:
-            kidx = mIdx[self.out_coord(batch, row, j)]
-            valid = kidx >= 0 and kidx < seqlen_k
-            if cutlass.const_expr(self.has_length):
-                valid = valid and j < mLen[self.stat_coord(batch, row)]
-        return valid, kidx
+    def prefetch_idx(self, praw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, c_mn, n_slots: Int32):
+        """praw[r] = the idx of this thread's slot r of block n (< n_blk, so n_slots >= 1), loaded at min(j, n_slots -
+        1) without a condition: nothing waits on the load until the block's epilogue tests j and the value."""
+        for r in cutlass.range_constexpr(2):
+            praw[r] = mIdx[self.out_coord(batch, row, cutlass.min(n * BK + c_mn[r, 0][0], n_slots - 1))]
 
     @cute.jit
     def score_row(self, tma_q, tQ, mKv, mC, mIdx, mLen, mS, mStat, scale: Float32, mma: cute.TiledMma,
@@ -261,9 +256,20 @@ class SparseHeadSumSm90:
             mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             kpc = DC // 16
             stat = self.stat_init(1)
+            n_valid = n_slots                     # slots past topk_length are invalid (loaded once, not per block)
+            if cutlass.const_expr(self.has_length):
+                n_valid = cutlass.min(n_slots, cutlass.max(mLen[self.stat_coord(batch, row)], Int32(0)))
+            praw = cute.make_rmem_tensor((2,), Int32)   # the thread's two slots' idx, loaded one block ahead
+            if cwg < n_blk:
+                self.prefetch_idx(praw, mIdx, batch, row, cwg, c_mn, n_slots)
 
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_blk, 2, unroll=1):
+                kcur = cute.make_rmem_tensor((2,), Int32)
+                for r in cutlass.range_constexpr(2):
+                    kcur[r] = praw[r]
+                if n + 2 < n_blk:                 # next block's idx in flight during this block's wgmmas
+                    self.prefetch_idx(praw, mIdx, batch, row, n + 2, c_mn, n_slots)
                 acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
                 part, part2 = acc, None
                 if cutlass.const_expr(self.PROMOTE > 0):
@@ -281,7 +287,7 @@ class SparseHeadSumSm90:
                         sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
                 for r in cutlass.range_constexpr(2):
                     j = n * BK + c_mn[r, 0][0]
-                    valid, kidx = self.slot_row(mIdx, mLen, batch, row, j, n_slots, seqlen_k)
+                    valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
                     v = Float32(cutlass.select_(valid, quad_sum(sums[r]), Float32(self.MASK)))
                     if quad == r:
                         if j < n_slots:

@@ -31,7 +31,7 @@ from cutlass import Int32
 
 from ...common.gather_sm90 import PIECE, find_sequence
 from ...common.head_sum_sm90 import visible_limit
-from .sparse_bwd_sm90 import NUM_THREADS, SparseIndexerBwdSm90
+from .sparse_bwd_sm90 import SparseIndexerBwdSm90
 
 
 class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
@@ -49,7 +49,7 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
                  ratio: Int32, stream):
         tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK)
         self.dense_kernel(tma_q, tQ, k_v, dk_v, mW, mOff, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, causal,
-                          ratio, mmas, layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream,
+                          ratio, mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
                                                        min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
@@ -65,7 +65,7 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
         if causal != 0:
             row = gx - 1 - bx                     # longest rows first
         width = mS.shape[1] if cutlass.const_expr(self.varlen) else mS.shape[2]
-        # the slot source is the scores tensor itself (never read as indices: slot_row / load_slots below)
+        # the slot source is the scores tensor itself (never read as indices: slot_raw / load_slots below)
         g = (tma_q, tQ, mK, mdK, mW, mS, None, mS, mLse, mA, mL1, mC, mdQ, mdW)
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
@@ -90,9 +90,9 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
 
     # ------------------------------------------------------------------------------------------ the slot source
     @cute.jit
-    def slot_row(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
-        """Slot j is key j, valid below the row's limit."""
-        return j < row_len, j
+    def slot_raw(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32):
+        """Slot j is key j (valid: j is below the row's limit, which is at most the sequence's keys)."""
+        return j
 
     @cute.jit
     def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):

@@ -14,29 +14,32 @@ keep NaN. A row with index_lse = +inf has x = -inf: p = 0, g = 0, zero gradients
 
 Tiling. One CTA = one query row, all Hi (16 / 32 / 64) index heads; slots in blocks of 64, each block's key rows
 gathered by cp.async (producer warpgroup, invalid slots zero-filled) in Di / 64 chunks of 64 x 64 into its consumer's
-half of an 8-stage ring (ring_state, as ops/common/sparse_head_sum_sm90.py). Before the loop all 256 consumer threads
-reduce sum_s g over the row (sRed, PRE_BAR) and load w (sW). Consumer warpgroup w takes blocks n = w, w + 2, ... on
+part of a 4 W-stage ring (W = CONSUMERS consumer warpgroups, 2 by default; ring_state, as
+ops/common/sparse_head_sum_sm90.py). Before the loop all 128 W consumer threads reduce sum_s g over the row (sRed,
+PRE_BAR; four slots' loads in flight a thread) and load w (sW). Consumer warpgroup w takes blocks n = w, w + W, ... on
 its own (no per-block cross-warpgroup barrier):
-  X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots, d_weights
-  partials, dA (bf16) to its own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
+  X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots (their idx,
+  index_score and attn_score loaded one block ahead, at a clamped slot and without a condition, so no load latency
+  sits between the wgmma and the epilogue: slot_loads), d_weights partials, dA (bf16) to its own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
   dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
   red.global.add.v4.f32 at the valid keys' rows (lane pairs swap a column pair first: ops/common/vector_red_sm90.py
   pair_rows); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the
   chunks read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
-After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 8 consumer warps
-through sDW in a fixed order; consumer 1's dq^T partial goes through sDQ (fp32, its accumulator order) and consumer 0
-adds it and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics in any order).
-Shared-memory handoffs: sRed / sW written before PRE_BAR (256 consumer threads), read after; sdA[w] written by the
+After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 4 W consumer warps
+through sDW in a fixed order; consumers 1 .. W - 1 put their dq^T partials in sDQ (fp32, accumulator order) and
+consumer 0 adds them in that order and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics in any order).
+Shared-memory handoffs: sRed / sW written before PRE_BAR (all 128 W consumer threads), read after; sdA[w] written by the
 128 threads of warpgroup w, read by its wgmmas after DA_BAR + w, rewritten only after its wgmmas retired
-(wait_group 0 by every thread of the warpgroup); sDW, sDQ written before END_BAR (256), read after.
+(wait_group 0 by every thread of the warpgroup); sDW, sDQ written before END_BAR (128 W), read after.
 
 Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16 or fp32), topk_indices int32
 [B,Sq,K], index_score / attn_score fp32 [B,Sq,K], index_lse / attn_l1norm fp32 [B,Sq], grad_scale fp32 [1],
 d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam, accumulated), d_weights fp32 [B,Sq,Hi].
 THD: the same without B, cu_seqlens_q/k int32 [batch+1]; rows at or past cu_seqlens_q[-1]: dq 0, d_weights 0.
 
-Status: H200 2026-12-03: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
-top-k 2048, Hi 64, Di 128: 2.59 ms against cuDNN frontend's 1.95 ms (docs/performance.md).
+Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
+top-k 2048, Hi 64, Di 128: 2.31 ms against cuDNN frontend's 1.95 ms (2.59 before the slot loads moved a block
+ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md).
 """
 import math
 
@@ -56,10 +59,9 @@ from ...common.softmax import acc_mn_view
 
 BK = 64
 DC = 64
-NUM_THREADS = 384
 PIECE = 8
-STAGES = 8               # 4 chunk buffers per consumer: two blocks of Di = 128
-PRE_BAR, DA_BAR, END_BAR = 3, 4, 6     # DA_BAR + w: 4, 5
+PART = 4                 # chunk buffers per consumer warpgroup: two blocks of Di = 128
+PRE_BAR, DA_BAR, END_BAR = 3, 4, 8     # DA_BAR + w: 4 .. 3 + CONSUMERS
 EXP_ARG_MIN = -126.0 * math.log(2.0)
 LOG_MIN = -100.0
 PROB_MIN = math.exp(-100.0)
@@ -67,16 +69,26 @@ L1_EPS = 1e-10
 
 
 class SparseIndexerBwdSm90(BlockGather):
-    """One compiled variant: (Di, Hi, weights dtype name, varlen, has_length)."""
+    """One compiled variant: (Di, Hi, weights dtype name, varlen, has_length). Launch shape (class knobs, read at
+    construction): CONSUMERS warpgroups (2 or 3) behind the producer, setmaxnreg REGS[CONSUMERS] = (producer,
+    consumers)."""
 
     LAG = 3
+    CONSUMERS = 2
+    REGS = {2: (40, 232), 3: (24, 160)}
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
         self.D, self.H, self.NC = head_dim, heads, head_dim // DC
         self.w_dtype, self.varlen, self.has_length = w_dtype, varlen, has_length
         self.dt = cutlass.BFloat16
-        self.stages = STAGES
+        self.W = self.CONSUMERS
+        assert self.W in self.REGS and 128 * (self.W * self.REGS[self.W][1] + self.REGS[self.W][0]) <= 65536
+        self.threads = 128 * (1 + self.W)
+        self.stages = PART * self.W
+        smem = (heads * head_dim * 2 + self.stages * BK * DC * 2 + self.W * BK * heads * 2
+                + (self.W - 1) * head_dim * heads * 4)
+        assert smem <= 225 * 1024, f"launch shape {self.W} consumers: {smem} B of shared memory"
         self.pieces = BK * DC // PIECE // 128      # 4
 
     # ------------------------------------------------------------------------------------------ host (jit)
@@ -86,7 +98,7 @@ class SparseIndexerBwdSm90(BlockGather):
                  mdQ: cute.Tensor, mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, stream):
         tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK)
         self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mmas,
-                    layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+                    layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     @cute.jit
     def setup(self, mQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor):
@@ -113,10 +125,10 @@ class SparseIndexerBwdSm90(BlockGather):
         layouts = (
             sm90_utils.make_smem_layout_b(L.ROW_MAJOR, (BK, H, D), dt, 1),          # Q (h, d): X^T B
             sm90_utils.make_smem_layout_b(L.COL_MAJOR, (BK, DC, H), dt, self.NC),   # Q chunks (d, h): dk B
-            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, H, DC), dt, STAGES),    # K chunk (key, c): X^T A
-            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (DC, H, BK), dt, STAGES),    # K chunk (c, key): dq^T A
-            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, DC, H), dt, 2),         # dA (key, h): dk A
-            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (DC, H, BK), dt, 2))         # dA (h, key): dq^T B
+            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, H, DC), dt, self.stages),    # K chunk (key, c): X^T A
+            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (DC, H, BK), dt, self.stages),    # K chunk (c, key): dq^T A
+            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (BK, DC, H), dt, self.W),    # dA (key, h): dk A
+            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (DC, H, BK), dt, self.W))    # dA (h, key): dq^T B
         sQ_l = layouts[0]
         tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
                                                 cute.slice_(sQ_l, (None, None, 0)), (H, D))
@@ -124,15 +136,15 @@ class SparseIndexerBwdSm90(BlockGather):
 
         @cute.struct
         class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, 2 * STAGES]
+            mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
-            sRed: cute.struct.MemRange[Float32, 8]
+            sRed: cute.struct.MemRange[Float32, 4 * self.W]
             sW: cute.struct.MemRange[Float32, H]
-            sDW: cute.struct.MemRange[Float32, 8 * H]
+            sDW: cute.struct.MemRange[Float32, 4 * self.W * H]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_l)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[2])], 1024]
             sdA: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[4])], 1024]
-            sDQ: cute.struct.Align[cute.struct.MemRange[Float32, D * H], 16]
+            sDQ: cute.struct.Align[cute.struct.MemRange[Float32, (self.W - 1) * D * H], 16]
 
         self.shared_storage = SharedStorage
         return tma_q, tQ, k_v, dk_v, grid, mmas, layouts
@@ -180,19 +192,26 @@ class SparseIndexerBwdSm90(BlockGather):
 
     @cute.jit
     def clear_row(self, mdQ: cute.Tensor, mdW: cute.Tensor, row: Int32, tidx: Int32):
-        for i in cutlass.range(tidx, self.H * self.D, NUM_THREADS, unroll=1):
+        for i in cutlass.range(tidx, self.H * self.D, self.threads, unroll=1):
             mdQ[row, i // self.D, i % self.D] = self.dt(0.0)
         if tidx < self.H:
             mdW[row, tidx] = Float32(0.0)
 
     @cute.jit
-    def slot_row(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
-        kidx = Int32(0)
-        valid = j < row_len
-        if valid:
-            kidx = mIdx[self.rc(batch, row, j)]
-            valid = kidx >= 0 and kidx < seqlen_k
-        return valid, kidx
+    def slot_raw(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32):
+        """The key index slot j (< the row's slot count) names: valid when 0 <= it < the sequence's keys."""
+        return mIdx[self.rc(batch, row, j)]
+
+    @cute.jit
+    def slot_loads(self, praw, ps, pa, mIdx, mS, mA, batch: Int32, row: Int32, j: Int32, row_len: Int32,
+                   r: cutlass.Constexpr):
+        """praw / ps / pa[r] = slot j's key index, index score, attention score, loaded at min(j, row_len - 1)
+        (row_len >= 1) without a condition, so the three loads are in flight together and nothing waits on them
+        until they are used (the caller tests j < row_len there)."""
+        jc = cutlass.min(j, row_len - 1)
+        praw[r] = self.slot_raw(mIdx, batch, row, jc)
+        ps[r] = mS[self.rc(batch, row, jc)]
+        pa[r] = mA[self.rc(batch, row, jc)]
 
     @cute.jit
     def g_and_p(self, valid, s: Float32, a: Float32, lse: Float32, l1c: Float32, c: Float32):
@@ -209,7 +228,7 @@ class SparseIndexerBwdSm90(BlockGather):
     @cute.jit
     def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32,
                      row_len: Int32):
-        """One query row's gradients over its first row_len slots (keys k_off + slot_row(j))."""
+        """One query row's gradients over its first row_len slots (keys k_off + slot_raw(j))."""
         tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW = g
         sQ_l, sQt_l, sK_l, sKt_l, sdA_l, sdAt_l = layouts
         n_blk = (row_len + BK - 1) // BK
@@ -222,10 +241,10 @@ class SparseIndexerBwdSm90(BlockGather):
         sKt = st.sK.get_tensor(sKt_l.outer, swizzle=sKt_l.inner)
         sdA = st.sdA.get_tensor(sdA_l.outer, swizzle=sdA_l.inner)
         sdAt = st.sdA.get_tensor(sdAt_l.outer, swizzle=sdAt_l.inner)
-        sRed = st.sRed.get_tensor(cute.make_layout(8))
+        sRed = st.sRed.get_tensor(cute.make_layout(4 * self.W))
         sW = st.sW.get_tensor(cute.make_layout(self.H))
-        sDW = st.sDW.get_tensor(cute.make_layout((8, self.H), stride=(self.H, 1)))
-        sDQ = st.sDQ.get_tensor(cute.make_layout(self.D * self.H))
+        sDW = st.sDW.get_tensor(cute.make_layout((4 * self.W, self.H), stride=(self.H, 1)))
+        sDQ = st.sDQ.get_tensor(cute.make_layout((self.W - 1) * self.D * self.H))
         q_bar = st.mbar_q.data_ptr()
         gQ = cute.local_tile(tQ[None, None, batch], (self.H, self.D), (row, 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ[None, None, 0], 0, 2),
@@ -235,20 +254,20 @@ class SparseIndexerBwdSm90(BlockGather):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(self.REGS[self.W][0])
             if warp == 0:
                 load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
             self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
         else:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(self.REGS[self.W][1])
             ctid = tidx - 128
             lse, l1 = mLse[self.row_at(batch, row)], mL1[self.row_at(batch, row)]
             l1c = Float32(cutlass.select_(l1 < Float32(L1_EPS), Float32(L1_EPS), l1))         # NaN kept
             c = mC[0]
             self.row_sums(sRed, sW, mW, mIdx, mS, mA, batch, row, row_len, seqlen_k, lse, l1c, c, ctid)
-            pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sRed, sW written
+            pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=128 * self.W).arrive_and_wait()  # sRed, sW
             gsum = Float32(0.0)
-            for i in cutlass.range_constexpr(8):
+            for i in cutlass.range_constexpr(4 * self.W):
                 gsum = gsum + sRed[i]
             rowc = (lse, l1c, c, gsum)
             x_mma, x_mma_acc, dk_mma, dq_mma = mmas
@@ -265,10 +284,17 @@ class SparseIndexerBwdSm90(BlockGather):
                  lse: Float32, l1c: Float32, c: Float32, ctid: Int32):
         """sRed[warp] = the consumer warp's part of sum_s g (fixed order), sW = w[t, :] in fp32."""
         part = Float32(0.0)
-        for j in cutlass.range(ctid, row_len, 256, unroll=1):
-            valid, _ = self.slot_row(mIdx, batch, row, j, row_len, seqlen_k)
-            gj, _ = self.g_and_p(valid, mS[self.rc(batch, row, j)], mA[self.rc(batch, row, j)], lse, l1c, c)
-            part = part + gj
+        step = 128 * self.W
+        praw = cute.make_rmem_tensor((4,), Int32)
+        ps = cute.make_rmem_tensor((4,), Float32)
+        pa = cute.make_rmem_tensor((4,), Float32)
+        for j0 in cutlass.range(ctid, row_len, 4 * step, unroll=1):      # four slots' loads in flight
+            for i in cutlass.range_constexpr(4):
+                self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, j0 + i * step, row_len, i)
+            for i in cutlass.range_constexpr(4):
+                valid = j0 + i * step < row_len and praw[i] >= 0 and praw[i] < seqlen_k
+                gj, _ = self.g_and_p(valid, ps[i], pa[i], lse, l1c, c)
+                part = part + gj
         for off in cutlass.range_constexpr(5):
             part = part + cute.arch.shuffle_sync_bfly(part, offset=1 << off)
         if ctid % 32 == 0:
@@ -288,8 +314,8 @@ class SparseIndexerBwdSm90(BlockGather):
         return self.chunk_state(n, ch, producer)
 
     def chunk_state(self, n, ch, producer):
-        """Chunk ch of block n in consumer n % 2's half ring (its (n // 2) * NC + ch-th chunk)."""
-        return ring_state(STAGES, n % 2, (n // 2) * self.NC + ch, producer)
+        """Chunk ch of block n in consumer n % W's part of the ring (its (n // W) * NC + ch-th chunk)."""
+        return ring_state(self.stages, n % self.W, (n // self.W) * self.NC + ch, producer, self.W)
 
     @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
@@ -324,8 +350,14 @@ class SparseIndexerBwdSm90(BlockGather):
         kpc = DC // 16
         odd_i = lane & 1                # pair_rows: the even lane adds row 0's columns, the odd lane row 1's
         odd = odd_i != 0
+        praw = cute.make_rmem_tensor((2,), Int32)       # the thread's two slots of its next block, loaded a block ahead
+        ps = cute.make_rmem_tensor((2,), Float32)
+        pa = cute.make_rmem_tensor((2,), Float32)
+        if w < n_blk:
+            for r in cutlass.range_constexpr(2):
+                self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, w * BK + x_id[r, 0][0], row_len, r)
         cute.arch.mbarrier_wait(q_bar, 0)
-        for n in cutlass.range(w, n_blk, 2, unroll=1):
+        for n in cutlass.range(w, n_blk, self.W, unroll=1):
             # ---- X^T = K Q^T
             acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
             for ch in cutlass.range_constexpr(NC):
@@ -337,17 +369,16 @@ class SparseIndexerBwdSm90(BlockGather):
                               tXrQ[None, None, ch * kpc + kb], acc_x)
             warpgroup.commit_group()
             for r in cutlass.range_constexpr(2):           # this thread's two slots (rows of X^T)
-                j = n * BK + x_id[r, 0][0]
-                valid, kidx = self.slot_row(mIdx, batch, row, j, row_len, seqlen_k)
-                sj = Float32(0.0)
-                aj = Float32(0.0)
-                if valid:
-                    sj = mS[self.rc(batch, row, j)]
-                    aj = mA[self.rc(batch, row, j)]
-                gj, pj = self.g_and_p(valid, sj, aj, lse, l1c, c)
+                kidx = praw[r]
+                valid = n * BK + x_id[r, 0][0] < row_len and kidx >= 0 and kidx < seqlen_k
+                gj, pj = self.g_and_p(valid, ps[r], pa[r], lse, l1c, c)
                 gr[r] = Float32(cutlass.select_(valid, gj - pj * gsum, Float32(0.0)))
                 krow[r] = k_off + kidx
                 kval[r] = valid
+            if n + self.W < n_blk:                          # the next block's slots, used one block from now
+                for r in cutlass.range_constexpr(2):
+                    self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, (n + self.W) * BK + x_id[r, 0][0],
+                                    row_len, r)
             warpgroup.wait_group(0)
             kv_mine = cutlass.select_(odd, kval[1], kval[0])    # the dk row this lane adds (pair_rows)
             kr_mine = cutlass.select_(odd, krow[1], krow[0])
@@ -363,10 +394,9 @@ class SparseIndexerBwdSm90(BlockGather):
                     dwp[ci] = dwp[ci] + gr[r] * relu
                     sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
             cute.arch.fence_proxy("async.shared", space="cta")
-            if w == 0:                                      # sdA[w] written by this warpgroup's 128 threads
-                pipeline.NamedBarrier(barrier_id=DA_BAR, num_threads=128).arrive_and_wait()
-            else:
-                pipeline.NamedBarrier(barrier_id=DA_BAR + 1, num_threads=128).arrive_and_wait()
+            for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
+                if w == i:
+                    pipeline.NamedBarrier(barrier_id=DA_BAR + i, num_threads=128).arrive_and_wait()
             # ---- dq^T += K^T dA (registers), then the dk tiles (atomics)
             warpgroup.fence()
             for ch in cutlass.range_constexpr(NC):
@@ -393,7 +423,7 @@ class SparseIndexerBwdSm90(BlockGather):
             for ch in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.chunk_state(n, ch, False))
 
-        # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 8 consumer warps in order
+        # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 4 W consumer warps in order
         for ci in cutlass.range_constexpr(n_cols):
             v = dwp[ci]
             for off in cutlass.range_constexpr(3):
@@ -402,14 +432,15 @@ class SparseIndexerBwdSm90(BlockGather):
         if lane < 4:
             for ci in cutlass.range_constexpr(n_cols):
                 sDW[ctid // 32, x_id[0, ci][1]] = dwp[ci]
-        if w == 1:
+        n_dq = NC * cute.size(acc_dq[0])              # one partial's fp32 values a thread
+        if w > 0:                                       # partial w - 1 of sDQ
             for ch in cutlass.range_constexpr(NC):
                 for e in cutlass.range_constexpr(cute.size(acc_dq[ch])):
-                    sDQ[(ch * cute.size(acc_dq[ch]) + e) * 128 + t] = acc_dq[ch][e]
-        pipeline.NamedBarrier(barrier_id=END_BAR, num_threads=256).arrive_and_wait()   # sDW, sDQ written
+                    sDQ[((w - 1) * n_dq + ch * cute.size(acc_dq[ch]) + e) * 128 + t] = acc_dq[ch][e]
+        pipeline.NamedBarrier(barrier_id=END_BAR, num_threads=128 * self.W).arrive_and_wait()  # sDW, sDQ written
         if ctid < H:
             dw = Float32(0.0)
-            for i in cutlass.range_constexpr(8):
+            for i in cutlass.range_constexpr(4 * self.W):
                 dw = dw + sDW[i, ctid]
             mdW[self.rc(batch, row, ctid)] = dw
         if w == 0:
@@ -417,7 +448,8 @@ class SparseIndexerBwdSm90(BlockGather):
                 q_mn = acc_mn_view(acc_dq[ch])
                 o_mn = acc_mn_view(thr_q.partition_C(cute.make_identity_tensor((DC, H))))
                 for e in cutlass.range_constexpr(cute.size(acc_dq[ch])):
-                    acc_dq[ch][e] = acc_dq[ch][e] + sDQ[(ch * cute.size(acc_dq[ch]) + e) * 128 + t]
+                    for pv in cutlass.range_constexpr(self.W - 1):     # partials of consumers 1, 2, .. in order
+                        acc_dq[ch][e] = acc_dq[ch][e] + sDQ[(pv * n_dq + ch * cute.size(acc_dq[ch]) + e) * 128 + t]
                 for r in cutlass.range_constexpr(2):
                     for ci in cutlass.range_constexpr(cute.size(q_mn, mode=[1])):
                         d = ch * DC + o_mn[r, ci][0]

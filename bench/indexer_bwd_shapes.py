@@ -1,0 +1,114 @@
+"""Launch-shape sweep of the indexer backward kernels (ops/dsa/indexer/sparse_bwd_sm90.py and its dense subclass)
+on the H200.
+
+Each variant sets SparseIndexerBwdSm90.CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
+flight per CTA) and REGS (setmaxnreg of producer / consumers), is compiled and timed at the bench rows' shapes: the
+sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense causal
+backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
+d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in
+any order): the largest difference relative to the largest magnitude is printed, and a variant off by more than
+1e-2 is marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when it is unpacked.
+
+Run:  python bench/indexer_bwd_shapes.py [--iters N]
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from ops.dsa.indexer import dense_bwd as dense_seam, sparse_bwd as sparse_seam  # noqa: E402
+from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
+from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
+from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
+from timing import device_time  # noqa: E402
+
+KNOBS = ("CONSUMERS", "REGS")
+VARIANTS = ((2, (40, 232)), (3, (24, 160)), (3, (40, 152)))
+DEV = "cuda"
+
+
+def sparse_case():
+    Sq, Sk, K, H, D = 4096, 8192, 2048, 64, 128
+    g = torch.Generator(device=DEV).manual_seed(11)
+    q = torch.randn(1, Sq, H, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(1, Sk, D, device=DEV, generator=g).bfloat16()
+    w = torch.randn(1, Sq, H, device=DEV, generator=g) * H ** -0.5
+    idx = torch.randint(0, Sk, (1, Sq, K), device=DEV, dtype=torch.int32, generator=g)
+    s, lse = torch.empty(1, Sq, K, device=DEV), torch.empty(1, Sq, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st)
+    a = torch.rand(1, Sq, K, device=DEV, generator=g)
+    c = torch.tensor([1.0 / Sq], device=DEV)
+    out = (torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV))
+    run = lambda: sparse_seam.sparse_indexer_bwd(q, k, w, idx, s, lse, a, a.sum(-1), c, *out, stream=st)  # noqa: E731
+    return "sparse 4K/8K k2048 H64", run, out, 3 * 2.0 * Sq * K * H * D
+
+
+def dense_case():
+    S, H, D = 8192, 64, 128
+    g = torch.Generator(device=DEV).manual_seed(12)
+    q = torch.randn(1, S, H, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(1, S, D, device=DEV, generator=g).bfloat16()
+    w = torch.randn(1, S, H, device=DEV, generator=g) * H ** -0.5
+    s, lse = torch.empty(1, S, S, device=DEV), torch.empty(1, S, device=DEV)
+    st = torch.cuda.current_stream().cuda_stream
+    indexer_fwd(q, k, w, s, lse, causal=True, stream=st)
+    a = torch.rand(1, S, S, device=DEV, generator=g) * torch.isfinite(s)
+    c = torch.tensor([1.0 / S], device=DEV)
+    out = (torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV))
+    run = lambda: dense_seam.dense_indexer_bwd(q, k, w, s, lse, a, a.sum(-1), c, *out, causal=True,  # noqa: E731
+                                               stream=st)
+    return "dense causal 8K H64", run, out, 3 * 2.0 * S * (S + 1) / 2 * H * D
+
+
+def rel_diff(x, ref):
+    x, ref = x.double(), ref.double()
+    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def main(a):
+    default = {k: getattr(Kernel, k) for k in KNOBS}
+    print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
+    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
+          flush=True)
+    for make in (sparse_case, dense_case):
+        name, run, out, flops = make()
+        ref = None
+        for w_count, regs in VARIANTS:
+            for k, v in zip(KNOBS, (w_count, {w_count: regs})):
+                setattr(Kernel, k, v)
+            shape = f"{w_count:2d} {str(regs):>10s}"
+            sparse_seam._CACHE.clear()
+            dense_seam._CACHE.clear()
+            try:
+                for o in out:
+                    o.fill_(float("nan"))
+                run()
+                torch.cuda.synchronize()
+                diff = "-"
+                if ref is None:
+                    ref = [o.clone() for o in out]
+                else:
+                    d = [rel_diff(o, r) for o, r in zip(out, ref)]
+                    diff = " / ".join(f"{v:.1e}" for v in d) + (" OFF" if any(not v <= 1e-2 for v in d) else "")
+                t, _ = device_time(run, a.iters)
+                print(f"{name:>24s} {shape} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} {diff:>26s}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:>24s} {shape} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        for k, v in default.items():
+            setattr(Kernel, k, v)
+        sparse_seam._CACHE.clear()
+        dense_seam._CACHE.clear()
+        del out, ref
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=10)
+    main(p.parse_args())
