@@ -4,7 +4,7 @@ Same math, masks and numerics as backward_sm90.py: fp32 Delta = rowsum(O * dO) -
 P = exp2(min(S * scale * log2e - lse2, 0)) with lse2 = +inf for rows whose LSE is -inf (P = 0 there), masked
 entries set to 0 (ops/common/mask.py semantics), P and dS rounded to the input dtype before the matmuls that
 consume them, dK/dV summed over the query heads of a kv head (GQA), varlen segments, every output written.
-_zero_tail is reused from backward_sm90.py; pre/postprocess compute the same values with a warp per row.
+The pre/postprocess kernels (a warp per row) and _zero_tail are backward_sm90.py's.
 
 Schedule of ``_main_fast``:
 
@@ -135,7 +135,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         scale_log2 = scale * Float32(LOG2E)
 
         nrow_blk_q = (Sq4 + 127) // 128
-        self._preprocess_fast(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
+        self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
             grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
 
         self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
@@ -143,53 +143,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         mma_sdp, mma_dkv, mma_dq, mma_sdp_z, mma_dq_z, l_q, l_k, l_p, l_dq).launch(
             grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
 
-        self._launch_tail(self._postprocess_fast, dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4,
-                          Hkv, stream)
-
-    # ------------------------------------------- pre/postprocess, warp per row
-    # Same values as backward_sm90's _preprocess/_postprocess, but a warp walks one row at a time with lane l
-    # on columns l, l + 32, ... (coalesced), Delta's row sum finished by a butterfly over the warp.
-    @cute.kernel
-    def _preprocess_fast(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                         mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, has_dlse: Int32):
-        tid, _, _ = cute.arch.thread_idx()
-        bx, h, b = cute.arch.block_idx()
-        lane = tid % 32
-        w = tid // 32
-        S = mO.shape[1]
-        for k in cutlass.range(32, unroll=4):
-            row = bx * 128 + k * 4 + w
-            if row < S:
-                acc = Float32(0.0)
-                for d in cutlass.range_constexpr(self.D // 32):
-                    c = lane + 32 * d
-                    acc += Float32(mO[b, row, h, c]) * Float32(mdO[b, row, h, c])
-                    mdQacc[b, row, h, c] = Float32(0.0)
-                for sh in cutlass.range_constexpr(5):
-                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=16 >> sh)
-                if lane == 0:
-                    if has_dlse != 0:
-                        acc = acc - mdLSE[b, h, row]
-                    lse = mLSE[b, h, row]
-                    lse2 = lse * Float32(LOG2E)
-                    if lse == -Float32.inf:
-                        lse2 = Float32.inf
-                    mLSE2[b, h, row] = lse2
-                    mDelta[b, h, row] = acc
-
-    @cute.kernel
-    def _postprocess_fast(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, scale: Float32):
-        tid, _, _ = cute.arch.thread_idx()
-        bx, h, b = cute.arch.block_idx()
-        lane = tid % 32
-        w = tid // 32
-        S = mdQ.shape[1]
-        for k in cutlass.range(32, unroll=4):
-            row = bx * 128 + k * 4 + w
-            if row < S:
-                for d in cutlass.range_constexpr(self.D // 32):
-                    c = lane + 32 * d
-                    mdQ[b, row, h, c] = (mdQacc[b, row, h, c] * scale).to(self.dtype)
+        self._launch_tail(dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv, stream)
 
     # ------------------------------------------------------------ helpers
     @cute.jit

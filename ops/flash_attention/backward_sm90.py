@@ -2,9 +2,9 @@
 
 First, deliberately simple structure (correctness first):
 
-- ``_preprocess``: per query row, Delta = rowsum(O * dO) (fp32, from the stored O) - dlse, the LSE in
-  log2 form (+inf for a row whose stored LSE is -inf, so P = 0 there with no special case later),
-  and the fp32 dQ accumulator zeroed (every row, also rows no tile visits).
+- ``_preprocess`` (a warp per query row, shared with backward_fast_sm90.py): Delta = rowsum(O * dO) (fp32, from
+  the stored O) - dlse, the LSE in log2 form (+inf for a row whose stored LSE is -inf, so P = 0 there with no
+  special case later), and the fp32 dQ accumulator zeroed (every row, also rows no tile visits).
 - ``_main``: one CTA (one warpgroup, 128 threads) per (key block of 64, kv head, batch/segment).
   K, V of the block stay in shared memory; the CTA loops over the query heads of its kv head (GQA)
   and over the query blocks that can see the key block. Per query block:
@@ -14,8 +14,8 @@ First, deliberately simple structure (correctness first):
   the fp32 accumulator with ``red.global.add.f32``.
 - ``_dq``: deterministic mode only: one CTA per (query block, query head, batch) recomputes S, dP,
   dS over the visible key blocks in a fixed order and stores dQ (fp32) into the accumulator.
-- ``_postprocess``: dQ = scale * accumulator -> input dtype for every row; varlen: zero dK/dV rows
-  past cu_seqlens_k[-1].
+- ``_postprocess`` (a warp per row, shared too): dQ = scale * accumulator -> input dtype for every row; varlen
+  (``_zero_tail``): zero dK/dV rows past cu_seqlens_k[-1].
 
 Split form, for the wide (D, Dv) pairs WIDE = (192, 128), (192, 192), (256, 256) (supported.BWD_WIDE_HEAD_DIMS):
 one CTA of 128 threads cannot hold dK and dV (64 x 256 fp32 each: 128 registers a thread apiece) plus S and dP, so
@@ -32,7 +32,8 @@ Status (H200, 2026-12-02): tests/gpu/test_flash_bwd.py 45/45 pass (every gate ra
 B2 S4096 H16: D128 non-causal 125, causal 109 (deterministic 160), D64 causal 104 TFLOP/s. The fp32 dQ atomics are
 the bottleneck of the non-deterministic path; next steps: smem dQ tile + bulk reduce-add, 2 MMA warpgroups with
 tile_n = 128, a producer warp with double-buffered Q/dO, vectorised pre/postprocess (done since in
-backward_fast_sm90.py). D 96 (2026-12-03): 64-byte swizzled D tiles (_atom_d); test_flash_bwd.py (simple and
+backward_fast_sm90.py; since 2026-12-04 both launchers run that warp-per-row pre/postprocess, the thread-per-row one
+of this file is gone: CPU check only so far, the fast kernels' PTX unchanged but for kernel names). D 96 (2026-12-03): 64-byte swizzled D tiles (_atom_d); test_flash_bwd.py (simple and
 deterministic modes included) and sanitize_bwd pass on the H200.
 
 Tensors are 4-D BSHD inside (a varlen THD tensor is viewed as B=1); lse-like tensors are [B, H, S].
@@ -187,13 +188,12 @@ class FlashBwdSm90:
                      mma_sdp, mma_dq, l_q, l_k, l_p, l_do, l_v).launch(
                 grid=(grid_m, H, nbatch), block=(NTHREADS, 1, 1), stream=stream)
 
-        self._launch_tail(self._postprocess, dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv,
-                          stream)
+        self._launch_tail(dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv, stream)
 
-    def _launch_tail(self, postprocess, dqacc4, dq4, dk4, dv4, mCuK, scale, q_grid, Sk4, Hkv, stream):
-        """Both launchers' last kernels: dq from the fp32 accumulator (`postprocess`, the launcher's own), and for
-        varlen the zeroing of the dk / dv rows past cu_seqlens_k[-1]."""
-        postprocess(dqacc4, dq4, scale).launch(grid=q_grid, block=(128, 1, 1), stream=stream)
+    def _launch_tail(self, dqacc4, dq4, dk4, dv4, mCuK, scale, q_grid, Sk4, Hkv, stream):
+        """Both launchers' last kernels: dq from the fp32 accumulator (_postprocess), and for varlen the zeroing of
+        the dk / dv rows past cu_seqlens_k[-1]."""
+        self._postprocess(dqacc4, dq4, scale).launch(grid=q_grid, block=(128, 1, 1), stream=stream)
         if cutlass.const_expr(self.varlen):
             nrow_blk_k = (Sk4 + 127) // 128
             self._zero_tail(dk4, dv4, mCuK).launch(
@@ -212,37 +212,57 @@ class FlashBwdSm90:
             slen = mCu[b + 1] - off
         return bb, off, slen
 
-    # --------------------------------------------------------- preprocess
+    # ------------------------------------------------ pre/postprocess, a warp per row
+    # Both launchers' first and last kernels: 128 threads = 4 warps, 32 rows each; a warp walks one row at a time
+    # with lane l on columns l, l + 32, ... (coalesced; every head dim is a multiple of 32), Delta's row sum finished
+    # by a butterfly over the warp (a fixed order: deterministic).
     @cute.kernel
     def _preprocess(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                     mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, has_dlse: Int32):
+        """Delta = rowsum(O * dO) (Dv columns) - dlse, lse2 = lse log2 e (+inf where lse = -inf), dQacc rows = 0."""
         tid, _, _ = cute.arch.thread_idx()
         bx, h, b = cute.arch.block_idx()
-        row = bx * 128 + tid
-        if row < mO.shape[1]:
-            acc = Float32(0.0)
-            for d in cutlass.range_constexpr(self.Dv):
-                acc += Float32(mO[b, row, h, d]) * Float32(mdO[b, row, h, d])
-            if has_dlse != 0:
-                acc = acc - mdLSE[b, h, row]
-            lse = mLSE[b, h, row]
-            lse2 = lse * Float32(LOG2E)
-            if lse == -Float32.inf:
-                lse2 = Float32.inf
-            mLSE2[b, h, row] = lse2
-            mDelta[b, h, row] = acc
-            for d in cutlass.range_constexpr(self.D):
-                mdQacc[b, row, h, d] = Float32(0.0)
+        lane = tid % 32
+        w = tid // 32
+        S = mO.shape[1]
+        for k in cutlass.range(32, unroll=4):
+            row = bx * 128 + k * 4 + w
+            if row < S:
+                acc = Float32(0.0)
+                for d in cutlass.range_constexpr(self.Dv // 32):
+                    c = lane + 32 * d
+                    acc += Float32(mO[b, row, h, c]) * Float32(mdO[b, row, h, c])
+                    if cutlass.const_expr(self.D == self.Dv):
+                        mdQacc[b, row, h, c] = Float32(0.0)
+                if cutlass.const_expr(self.D != self.Dv):
+                    for d in cutlass.range_constexpr(self.D // 32):
+                        mdQacc[b, row, h, lane + 32 * d] = Float32(0.0)
+                for sh in cutlass.range_constexpr(5):
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=16 >> sh)
+                if lane == 0:
+                    if has_dlse != 0:
+                        acc = acc - mdLSE[b, h, row]
+                    lse = mLSE[b, h, row]
+                    lse2 = lse * Float32(LOG2E)
+                    if lse == -Float32.inf:
+                        lse2 = Float32.inf
+                    mLSE2[b, h, row] = lse2
+                    mDelta[b, h, row] = acc
 
-    # -------------------------------------------------------- postprocess
     @cute.kernel
     def _postprocess(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, scale: Float32):
+        """dQ = scale * dQacc in the input dtype."""
         tid, _, _ = cute.arch.thread_idx()
         bx, h, b = cute.arch.block_idx()
-        row = bx * 128 + tid
-        if row < mdQ.shape[1]:
-            for d in cutlass.range_constexpr(self.D):
-                mdQ[b, row, h, d] = (mdQacc[b, row, h, d] * scale).to(self.dtype)
+        lane = tid % 32
+        w = tid // 32
+        S = mdQ.shape[1]
+        for k in cutlass.range(32, unroll=4):
+            row = bx * 128 + k * 4 + w
+            if row < S:
+                for d in cutlass.range_constexpr(self.D // 32):
+                    c = lane + 32 * d
+                    mdQ[b, row, h, c] = (mdQacc[b, row, h, c] * scale).to(self.dtype)
 
     @cute.kernel
     def _zero_tail(self, mdK: cute.Tensor, mdV: cute.Tensor, mCuK: cute.Tensor):
@@ -292,6 +312,60 @@ class FlashBwdSm90:
             acc_S[e] = p
             acc_dP[e] = p * (acc_dP[e] - dl)
 
+    @cute.jit
+    def _tiles(self, l_q, l_do, l_k, l_v, l_p, with_p: cutlass.Constexpr):
+        """_main_body's and _dq's shared memory, in this order: Q, dO, K, V, P (with_p; else None), dS tiles (1024-byte
+        aligned), the block's lse2 and Delta rows, two mbarriers."""
+        dt = self.dtype
+        smem = SmemAllocator()
+        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
+        sdO = smem.allocate_tensor(dt, l_do.outer, 1024, l_do.inner)
+        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
+        sV = smem.allocate_tensor(dt, l_v.outer, 1024, l_v.inner)
+        sP = None
+        if cutlass.const_expr(with_p):
+            sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        sLSE = smem.allocate_tensor(Float32, cute.make_layout(self.bm), 16)
+        sDelta = smem.allocate_tensor(Float32, cute.make_layout(self.bm), 16)
+        bars = smem.allocate_array(Int64, 2, byte_alignment=8)
+        return sQ, sdO, sK, sV, sP, sdS, sLSE, sDelta, bars
+
+    @cute.jit
+    def _init_bars(self, tid: Int32, bar_kv, bar_q):
+        """The K/V and Q/dO mbarriers (one arrival each) initialised by thread 0 and made visible to the CTA."""
+        if tid == 0:
+            cute.arch.mbarrier_init(bar_kv, 1)
+            cute.arch.mbarrier_init(bar_q, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _load_q_tile(self, tma_q, gq, tma_do, gdo, sQ, sdO, sLSE, sDelta, mLSE2, mDelta, bar_q, hq, bb, off_q,
+                     m: Int32, slen_q, tid: Int32, warp_idx):
+        """Query tile m of head hq: Q and dO by TMA on bar_q (warp 0 issues), lse2 / Delta of its rows into sLSE /
+        sDelta (+inf / 0 past the segment: P = 0 there). The caller orders the smem rows (sync_threads) and waits on
+        bar_q."""
+        bm = self.bm
+        gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, self.D), (m, 0))
+        gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, self.Dv), (m, 0))
+        tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
+        tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
+        if warp_idx == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar_q, bm * (self.D + self.Dv) * (self.dtype.width // 8))
+            cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
+            cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
+        if tid < bm:
+            row = m * bm + tid
+            l2 = Float32.inf
+            dl = Float32(0.0)
+            if row < slen_q:
+                l2 = mLSE2[bb, hq, off_q + row]
+                dl = mDelta[bb, hq, off_q + row]
+            sLSE[tid] = l2
+            sDelta[tid] = dl
+
     # --------------------------------------------------------------- main
     @cute.kernel
     def _main(self, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, mLSE2, mDelta, mdQacc, mdK, mdV, mCuQ, mCuK, Sq,
@@ -330,28 +404,14 @@ class FlashBwdSm90:
         nb, hkv, b = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
-        smem = SmemAllocator()
-        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        sdO = smem.allocate_tensor(dt, l_do.outer, 1024, l_do.inner)
-        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
-        sV = smem.allocate_tensor(dt, l_v.outer, 1024, l_v.inner)
-        sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
-        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
-        sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
-        sDelta = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
-        bars = smem.allocate_array(Int64, 2, byte_alignment=8)
+        sQ, sdO, sK, sV, sP, sdS, sLSE, sDelta, bars = self._tiles(l_q, l_do, l_k, l_v, l_p, True)
         bar_kv = bars
         bar_q = bars + 1
 
         bb, off_q, slen_q = self._seg(mCuQ, b, Sq)
         _, off_k, slen_k = self._seg(mCuK, b, Sk)
         n0 = nb * bn
-
-        if tid == 0:
-            cute.arch.mbarrier_init(bar_kv, 1)
-            cute.arch.mbarrier_init(bar_q, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        self._init_bars(tid, bar_kv, bar_q)
 
         if n0 < slen_k:
             off = slen_k - slen_q
@@ -427,24 +487,8 @@ class FlashBwdSm90:
                 m = m_min + it % nm
                 i0 = m * bm
                 cute.arch.sync_threads()  # previous tile fully consumed
-                gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (m, 0))
-                gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, Dv), (m, 0))
-                tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
-                tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
-                if warp_idx == 0:
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(bar_q, bm * (D + Dv) * (dt.width // 8))
-                    cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
-                    cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
-                if tid < bm:
-                    row = i0 + tid
-                    l2 = Float32.inf
-                    dl = Float32(0.0)
-                    if row < slen_q:
-                        l2 = mLSE2[bb, hq, off_q + row]
-                        dl = mDelta[bb, hq, off_q + row]
-                    sLSE[tid] = l2
-                    sDelta[tid] = dl
+                self._load_q_tile(tma_q, gq, tma_do, gdo, sQ, sdO, sLSE, sDelta, mLSE2, mDelta, bar_q, hq, bb, off_q,
+                                  m, slen_q, tid, warp_idx)
                 cute.arch.sync_threads()
                 cute.arch.mbarrier_wait(bar_q, it % 2)
 
@@ -531,27 +575,14 @@ class FlashBwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         hkv = hq // qhead_per_kv
 
-        smem = SmemAllocator()
-        sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        sdO = smem.allocate_tensor(dt, l_do.outer, 1024, l_do.inner)
-        sK = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
-        sV = smem.allocate_tensor(dt, l_v.outer, 1024, l_v.inner)
-        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
-        sLSE = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
-        sDelta = smem.allocate_tensor(Float32, cute.make_layout(bm), 16)
-        bars = smem.allocate_array(Int64, 2, byte_alignment=8)
+        sQ, sdO, sK, sV, _, sdS, sLSE, sDelta, bars = self._tiles(l_q, l_do, l_k, l_v, l_p, False)
         bar_q = bars
         bar_kv = bars + 1
 
         bb, off_q, slen_q = self._seg(mCuQ, b, Sq)
         _, off_k, slen_k = self._seg(mCuK, b, Sk)
         i0 = mb * bm
-
-        if tid == 0:
-            cute.arch.mbarrier_init(bar_kv, 1)
-            cute.arch.mbarrier_init(bar_q, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        self._init_bars(tid, bar_kv, bar_q)
 
         if i0 < slen_q:
             off = slen_k - slen_q
@@ -561,24 +592,8 @@ class FlashBwdSm90:
             n_max = (cutlass.max(j_hi + 1, Int32(0)) + bn - 1) // bn
             nn = cutlass.max(n_max - n_min, Int32(0))
 
-            gQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gq[None, None, hq, bb]), (bm, D), (mb, 0))
-            gdO_t = cute.local_tile(cute.domain_offset((off_q, 0), gdo[None, None, hq, bb]), (bm, Dv), (mb, 0))
-            tsQ, tgQ = _tma_part(tma_q, sQ, gQ_t)
-            tsdO, tgdO = _tma_part(tma_do, sdO, gdO_t)
-            if warp_idx == 0:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar_q, bm * (D + Dv) * (dt.width // 8))
-                cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
-                cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
-            if tid < bm:
-                row = i0 + tid
-                l2 = Float32.inf
-                dl = Float32(0.0)
-                if row < slen_q:
-                    l2 = mLSE2[bb, hq, off_q + row]
-                    dl = mDelta[bb, hq, off_q + row]
-                sLSE[tid] = l2
-                sDelta[tid] = dl
+            self._load_q_tile(tma_q, gq, tma_do, gdo, sQ, sdO, sLSE, sDelta, mLSE2, mDelta, bar_q, hq, bb, off_q, mb,
+                              slen_q, tid, warp_idx)
 
             thr_sdp = mma_sdp.get_slice(tid)
             thr_dq = mma_dq.get_slice(tid)
