@@ -348,14 +348,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     i0 = m * bm
                     # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
                     for r in cutlass.range_constexpr(2):
-                        row = i0 + c_mn[r, 0][0]
-                        l2 = Float32.inf
-                        dl = Float32(0.0)
-                        if row < slen_q:
-                            l2 = mLSE2[bb, hq, off_q + row]
-                            dl = mDelta[bb, hq, off_q + row]
-                        lse_r[r] = l2
-                        dl_r[r] = dl
+                        lse_r[r], dl_r[r] = self._row_stats(mLSE2, mDelta, bb, hq, off_q, i0 + c_mn[r, 0][0], slen_q)
                     need_mask = mask_lib.block_needs_mask(i0, bm, jw0, bnw, slen_q, slen_k, win_left, win_right,
                                                           True)
                     need_mask = need_mask or (i0 + bm > slen_q)

@@ -357,14 +357,19 @@ class FlashBwdSm90:
             cute.copy(tma_q, tgQ, tsQ, tma_bar_ptr=bar_q)
             cute.copy(tma_do, tgdO, tsdO, tma_bar_ptr=bar_q)
         if tid < bm:
-            row = m * bm + tid
-            l2 = Float32.inf
-            dl = Float32(0.0)
-            if row < slen_q:
-                l2 = mLSE2[bb, hq, off_q + row]
-                dl = mDelta[bb, hq, off_q + row]
+            l2, dl = self._row_stats(mLSE2, mDelta, bb, hq, off_q, m * bm + tid, slen_q)
             sLSE[tid] = l2
             sDelta[tid] = dl
+
+    @cute.jit
+    def _row_stats(self, mLSE2: cute.Tensor, mDelta: cute.Tensor, bb, hq, off_q, row, slen_q):
+        """(lse2, Delta) of query row `row` of the segment; (+inf, 0) past its end, so P = 0 and dS = 0 there."""
+        l2 = Float32.inf
+        dl = Float32(0.0)
+        if row < slen_q:
+            l2 = mLSE2[bb, hq, off_q + row]
+            dl = mDelta[bb, hq, off_q + row]
+        return l2, dl
 
     # --------------------------------------------------------------- main
     @cute.kernel
