@@ -22,8 +22,8 @@ columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 thread
   - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
     ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
     the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity (the thread's
-    two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store (lanes
-    quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
+    two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store
+    (lanes quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
     lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
 Layouts. Dense: q [B,Sq,H,D], k [B,Sk,D], idx int32 [B,Sq,K], topk_length int32 [B,Sq], scores fp32 [B,Sq,K],
 stat fp32 [B,Sq]. THD: q [Tq,H,D], k [Tk,D], idx [Tq,K] (local to the row's sequence), topk_length [Tq], scores

@@ -19,17 +19,19 @@ ops/common/sparse_head_sum_sm90.py). Before the loop all 128 W consumer threads 
 PRE_BAR; four slots' loads in flight a thread) and load w (sW). Consumer warpgroup w takes blocks n = w, w + W, ... on
 its own (no per-block cross-warpgroup barrier):
   X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots (their idx,
-  index_score and attn_score loaded one block ahead, at a clamped slot and without a condition, so no load latency
-  sits between the wgmma and the epilogue: slot_loads), d_weights partials, dA (bf16) to its own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
+  index_score and attn_score loaded one block ahead, at a clamped slot and all three together, validity tested at
+  use, so no load latency sits between the wgmma and the epilogue: slot_loads), d_weights partials, dA (bf16) to its
+  own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
   dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
   red.global.add.v4.f32 at the valid keys' rows (lane pairs swap a column pair first: ops/common/vector_red_sm90.py
   pair_rows); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the
   chunks read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
 After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 4 W consumer warps
 through sDW in a fixed order; consumers 1 .. W - 1 put their dq^T partials in sDQ (fp32, accumulator order) and
-consumer 0 adds them in that order and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics in any order).
-Shared-memory handoffs: sRed / sW written before PRE_BAR (all 128 W consumer threads), read after; sdA[w] written by the
-128 threads of warpgroup w, read by its wgmmas after DA_BAR + w, rewritten only after its wgmmas retired
+consumer 0 adds them in that order and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics
+in any order).
+Shared-memory handoffs: sRed / sW written before PRE_BAR (all 128 W consumer threads), read after; sdA[w] written by
+the 128 threads of warpgroup w, read by its wgmmas after DA_BAR + w, rewritten only after its wgmmas retired
 (wait_group 0 by every thread of the warpgroup); sDW, sDQ written before END_BAR (128 W), read after.
 
 Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16 or fp32), topk_indices int32
@@ -38,8 +40,8 @@ d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam, ac
 THD: the same without B, cu_seqlens_q/k int32 [batch+1]; rows at or past cu_seqlens_q[-1]: dq 0, d_weights 0.
 
 Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
-top-k 2048, Hi 64, Di 128: 2.31 ms against cuDNN frontend's 1.95 ms (2.59 before the slot loads moved a block
-ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md).
+top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the same run (2.59 before the slot loads
+moved a block ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md).
 """
 import math
 
