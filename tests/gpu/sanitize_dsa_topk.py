@@ -31,9 +31,10 @@ def main():
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):
-            o = torch.full((x.shape[0], 300), -7, dtype=torch.int32, device=dev)
-            topk_fwd(src, o, stream=stream)
-            outs.append(o)
+            for k in (300, 2048):                   # the radix sort at E = 1 and E = 4 pairs a thread
+                o = torch.full((x.shape[0], k), -7, dtype=torch.int32, device=dev)
+                topk_fwd(src, o, stream=stream)
+                outs.append(o)
     torch.cuda.synchronize()
     bad = int(sum((o == -7).sum() for o in outs))
     print("sanitize_dsa_topk: unwritten elements:", bad)

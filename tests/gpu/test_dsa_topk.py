@@ -147,7 +147,8 @@ def test_cuda_graph_capture():
 def test_sort_paths(monkeypatch, k, reg_sort):
     """Both sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
     registers / shuffles, shared memory only for partners 32 E apart) and the shared-memory network (REG_SORT
-    False): same indices as the stable sort, with ties and padding."""
+    False): same indices as the stable sort, with ties (many equal keys, one key for a whole row, -0.0 and +0.0),
+    padding, a row narrower than a warp's keys and rows of 70000 columns."""
     from ops.dsa.topk import fwd, topk_sm90
     monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", reg_sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
@@ -156,7 +157,14 @@ def test_sort_paths(monkeypatch, k, reg_sort):
     s = (torch.randn(8, 3000, device=DEV) * 3).round()
     s[0, :] = 1.5
     s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last
+    s[2, :] = -0.0
+    s[2, ::7] = 0.0                                         # -0.0 ties with +0.0: column order decides
     check(s, k)
+    check(torch.randn(4, 200, device=DEV), k)
+    w = torch.randn(3, 70000, device=DEV)
+    w[1, ::30] = 5.0                                        # 2334 equal keys spread over the row
+    w[2, 66000:] = 9.0                                      # ties past column 65535
+    check(w, k)
 
 
 def test_rank3_rows_of_any_strides():
