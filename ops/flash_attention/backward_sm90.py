@@ -33,7 +33,7 @@ B2 S4096 H16: D128 non-causal 125, causal 109 (deterministic 160), D64 causal 10
 the bottleneck of the non-deterministic path; next steps: smem dQ tile + bulk reduce-add, 2 MMA warpgroups with
 tile_n = 128, a producer warp with double-buffered Q/dO, vectorised pre/postprocess (done since in
 backward_fast_sm90.py; since 2026-12-04 both launchers run that warp-per-row pre/postprocess, the thread-per-row one
-of this file is gone: CPU check only so far, the fast kernels' PTX unchanged but for kernel names). D 96
+of this file is gone; H200 2026-12-04 12:52: test_flash_bwd 209 passed, 76 skipped, sanitize_bwd clean). D 96
 (2026-12-03): 64-byte swizzled D tiles (_atom_d); test_flash_bwd.py (simple and deterministic modes included) and
 sanitize_bwd pass on the H200.
 
