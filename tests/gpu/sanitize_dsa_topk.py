@@ -31,7 +31,7 @@ def main():
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):
-            for k in (300, 2048):                   # the radix sort at E = 1 and E = 4 pairs a thread
+            for k in (300, 2048):                   # the register sort at E = 1 and E = 4 pairs a thread
                 o = torch.full((x.shape[0], k), -7, dtype=torch.int32, device=dev)
                 topk_fwd(src, o, stream=stream)
                 outs.append(o)
