@@ -16,7 +16,7 @@ pytest.importorskip("tvm_ffi")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from cuda_labelled import bf16, cuda  # noqa: E402
+from cuda_labelled import bf16, bf16_view, cuda  # noqa: E402
 from ops.dsa.sparse_attn import bwd, fwd  # noqa: E402
 
 
@@ -96,6 +96,9 @@ def call(**over):
     (dict(kv=bf16(3, 30, 576)), "kv: batch 3 differs"),
     (dict(out=bf16(2, 4, 64, 576)), r"\(Dqk, Dv\) = \(576, 576\) not supported"),
     (dict(out=bf16(2, 4, 32, 512)), "out: expected shape"),
+    (dict(out=bf16_view(np.zeros((2, 64, 4, 512), np.uint16).transpose(0, 2, 1, 3))),
+     r"out: the \(row, head\) axes must be mergeable"),                 # the forward stores out by TMA
+    (dict(out=bf16_view(np.zeros((2, 4, 64, 1032), np.uint16)[..., 3:515])), "out: base address must be 16-byte"),
     (dict(softmax_lse=f32(2, 4, 64)), r"softmax_lse: expected shape \(2, 64, 4\)"),
     (dict(topk_indices=cuda(np.zeros((2, 4, 64), np.int64))), "topk_indices: dtype int64"),
     (dict(topk_indices=i32(2, 5, 64)), "topk_indices: expected shape"),

@@ -132,7 +132,10 @@ class SparseAttnCall:
             raise ValueError(f"kv: rows must be 16-byte aligned with a unit inner stride (16-byte cp.async gathers), "
                              f"got strides {kva.strides}")
         ia.require_inner_contiguous(4)
-        oa.require_inner_contiguous(2)
+        oa.require_tma()                # the forward stores out by TMA, 64 heads x 256 columns a store
+        if oa.strides[-3] != H * oa.strides[-2]:
+            raise ValueError(f"out: the (row, head) axes must be mergeable (row stride == heads x head stride), "
+                             f"got strides {oa.strides}")
         la.require_inner_contiguous(4)
 
 

@@ -18,22 +18,30 @@ same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared me
 blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks into one of two block slots; a
 chunk is two 32-key halves (32 x 64, 4 KiB each) with one full and one empty mbarrier. 3 warpgroups:
   - warpgroup 0 (producer, 40 registers): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the
-    block's rows with cp.async (indices loaded one block ahead), zero-fill the pieces of invalid slots, and publish
-    chunk g once its group retired, LAG chunks later (gather_sm90.publish: wait_group, proxy fence, arrive; all 128
-    writers arrive on the chunk's full barrier). Every block ends with all its chunks published before the next
+    block's rows with cp.async (indices loaded one block ahead), zero-fill the pieces of invalid slots, write the
+    block's slot validity bytes (sValid[n % 2], before chunk 0 is published), and publish chunk g once its group
+    retired, LAG chunks later (gather_sm90.publish: wait_group, proxy fence, arrive; all 128 writers arrive on the
+    chunk's full barrier). Every block ends with all its chunks published before the next
     block's first acquire (so the producer never waits on a slot while holding chunks the consumers need).
   - warpgroups 1 and 2 (consumers w = 0, 1): per block, S_w = Q K_w^T over the w-th 32-key half (wgmma m64 n32 k16,
     B = the chunk halves, K-major), scale and mask; the row max of both halves is exchanged through sRed (named
-    barrier MAX_BAR); P (bf16) of both halves goes to sP (64 heads x 64 keys), fenced for the async proxy and
+    barrier MAX_BAR; the mask comes from sValid, not from the indices again); P (bf16, stmatrix) of both halves goes
+    to sP (64 heads x 64 keys), fenced for the async proxy and
     ordered by named barrier P_BAR (every writer of sP arrives); then O_w += P V over Dv columns
     [256 w, 256 w + 256) (4 accumulators of 64 x 64, wgmma m64 n64 k16, A = sP, B = the chunk halves read as V,
     MN-major: the same bytes as the K view); wait, release the block's chunks (256 consumer arrivals).
-    Row sums l_w stay per consumer and are added through sRed at the end (named barrier SUM_BAR).
+    Row sums l_w stay per consumer and are added through sRed at the end (named barrier SUM_BAR). Epilogue: each
+    consumer's 64 x 256 bf16 O goes by stmatrix into the Q tile's bytes (free: every Q K^T retired before SUM_BAR),
+    then one TMA store per consumer (named barrier OUT_BAR orders all writers first).
 Shared-memory handoffs: sRed (row max) written by one lane per quad of each consumer, read by the other consumer
 after MAX_BAR; rewritten only after P_BAR (which the reader passes after its read). sP written by all 256 consumer
 threads (generic stores, then fence.proxy.async) and read by wgmma after P_BAR; rewritten only after the next
 MAX_BAR, which each consumer reaches after its P V wgmmas retired (wait_group 0). kv chunks: cp.async / zero stores
 ordered by the full mbarrier (128 arrivals), reused after the empty mbarrier (256 arrivals, after wait_group 0).
+sValid[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired (every consumer has released
+chunk 0 of block n - 2, after its last read of those bytes), read by the consumers after chunk 0's full barrier.
+sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256 consumer threads), then the TMA
+store issued by that consumer's first warp, which waits until the store has read shared memory.
 Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB (Dqk 576: 224.5 KiB of 227).
 
 Layouts. Dense: q [B,Sq,H,Dqk], kv [B,Skv,Dqk], idx int32 [B,Sq,K], topk_length int32 [B,Sq], sink fp32 [H],
@@ -41,9 +49,13 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status (H200, 2026-12-03): tests/gpu/test_dsa_sparse_attn.py 33 passed (2x float32 floor gate, NaN poison, sinks,
+Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_attn.py 33 passed (2x float32 floor gate, NaN poison, sinks,
 THD tail, Skv < K, x5000 logits, bitwise reruns, CUDA graph, Sq 70000), racecheck/memcheck clean. Sq 4K, Skv 8K,
-H 128, top-k 2048, 576/512: 7.61 ms = 307 TFLOP/s (issue 11 target 550). ncu on that shape: tensor pipe 31 % of
+H 128, top-k 2048, 576/512: 6.68 ms = 350 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to sValid,
+P to stmatrix and out to a TMA store, outputs bitwise the same). With the gather removed (the producer only
+publishes) the previous kernel ran 7.25 ms: the consumers, not the gather, set the pace; ncu source sampling then
+showed them waiting on the index loads of the mask (long scoreboard) and on scalar 2-byte stores of P and out.
+Before (2026-12-03), ncu on that shape: tensor pipe 31 % of
 elapsed cycles, L1/shared-memory pipe 76 % (the busiest unit), 47 M local-memory (spill) requests, stalls mostly
 long-scoreboard (L1TEX); producer lag 3 / 6 / 8 within 1 % (not the limit); issuing Q K^T of the next block under
 this block's softmax measured 1.5x slower (with two block slots its gather then waits in the critical path) and
@@ -58,6 +70,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -73,7 +86,7 @@ HALF = 32            # key slots per consumer per block (its S tile's N)
 DC = 64              # kv columns per chunk (one 128-byte swizzle atom)
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
-MAX_BAR, P_BAR, SUM_BAR = 3, 4, 5
+MAX_BAR, P_BAR, SUM_BAR, OUT_BAR = 3, 4, 5, 6
 SINK_EXP_MAX = 126.0
 
 
@@ -102,12 +115,16 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         if cutlass.const_expr(self.varlen):
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
             kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[0], D, 1), stride=(mKv.stride[0], 1, 0)))
+            o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[0] * H, self.Dv, 1),
+                                                                 stride=(mO.stride[1], 1, 0)))
             grid = (mQ.shape[0], H // HG, 1)
         else:
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
                                                                  stride=(mQ.stride[2], 1, mQ.stride[0])))
             kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[1], D, mKv.shape[0]),
                                                                    stride=(mKv.stride[1], 1, mKv.stride[0])))
+            o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[1] * H, self.Dv, mO.shape[0]),
+                                                                 stride=(mO.stride[2], 1, mO.stride[0])))
             grid = (mQ.shape[1], H // HG, mQ.shape[0])
         K, MN = OperandMajorMode.K, OperandMajorMode.MN
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, HALF))
@@ -120,6 +137,11 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, DC, BK), dt, 1)
         tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
                                                 cute.slice_(sQ_layout, (None, None, 0)), (HG, D))
+        # out: each consumer's 64 heads x 256 columns, staged in the Q tile's bytes (free once both Q K^T retired)
+        VH = self.Dv // 2
+        sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, DC, VH), dt, 2)
+        tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o_v,
+                                                cute.slice_(sO_layout, (None, None, 0)), (HG, VH))
         self.q_bytes = HG * D * dt.width // 8
 
         @cute.struct
@@ -127,26 +149,29 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
             sRed: cute.struct.MemRange[Float32, 2 * HG]
+            sValid: cute.struct.MemRange[cutlass.Int8, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        self.kernel(tma_q, tQ, kv_v, mIdx, mLen, mSink, mO, mLSE, mCuQ, mCuK, scale_log2, qk_mma, qk_mma_acc, pv_mma,
-                    sQ_layout, sK_layout, sV_layout, sP_layout).launch(
+        assert cute.cosize(sO_layout) <= cute.cosize(sQ_layout)
+        self.kernel(tma_q, tQ, tma_o, tO, kv_v, mIdx, mLen, mSink, mO, mLSE, mCuQ, mCuK, scale_log2, qk_mma,
+                    qk_mma_acc, pv_mma, sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout).launch(
             grid=grid, block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
     @cute.kernel
-    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
-               mSink: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
-               scale_log2: Float32, qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sP_layout: cute.ComposedLayout):
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_o: cute.CopyAtom, tO: cute.Tensor, mKv: cute.Tensor,
+               mIdx: cute.Tensor, mLen: cute.Tensor, mSink: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mCuQ: cute.Tensor, mCuK: cute.Tensor, scale_log2: Float32, qk_mma: cute.TiledMma,
+               qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
+               sO_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         row, grp, batch = cute.arch.block_idx()
-        args = (tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2, qk_mma, qk_mma_acc, pv_mma, sQ_layout,
-                sK_layout, sV_layout, sP_layout, tidx, grp)
+        args = (tma_q, tQ, tma_o, tO, mKv, mIdx, mLen, mSink, mLSE, scale_log2, qk_mma, qk_mma_acc, pv_mma,
+                sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout, tidx, grp)
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
             if row >= mCuQ[n_seq]:
@@ -178,9 +203,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         return cute.local_tile(sK[r % HALF, None, 2 * index + r // HALF], (PIECE,), (col,))
 
     @cute.jit
-    def attend(self, tma_q, tQ, mKv, mIdx, mLen, mSink, mO, mLSE, scale_log2: Float32, qk_mma: cute.TiledMma,
-               qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout, sV_layout, sP_layout,
-               tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32):
+    def attend(self, tma_q, tQ, tma_o, tO, mKv, mIdx, mLen, mSink, mLSE, scale_log2: Float32,
+               qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, sQ_layout, sK_layout,
+               sV_layout, sP_layout, sO_layout, tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32,
+               seqlen_k: Int32):
         D = self.D
         n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
         row_len = n_slots
@@ -195,6 +221,9 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         sV = storage.sKV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sRed = storage.sRed.get_tensor(cute.make_layout((2, HG), stride=(HG, 1)))
+        sValid = storage.sValid.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))
+        sO = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sO_layout.inner, dtype=self.dt),
+                              sO_layout.outer)
         sQ2 = sQ[None, None, 0]
         sP2 = sP[None, None, 0]
         q_bar = storage.mbar_q.data_ptr()
@@ -210,16 +239,16 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
                 load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
-            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
+            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sValid)
         else:
             cute.arch.setmaxregister_increase(232)
-            self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2, qk_mma, qk_mma_acc,
-                         pv_mma, tidx - 128, wg - 1, grp, batch, row, row_len, n_blk, seqlen_k)
+            self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, sValid, sO, tma_o, tO, mSink, mLSE, scale_log2, qk_mma,
+                         qk_mma_acc, pv_mma, tidx - 128, wg - 1, grp, batch, row, n_blk)
 
     @cute.jit
-    def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, mIdx, mSink, mO, mLSE, scale_log2: Float32,
+    def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, sValid, sO, tma_o, tO, mSink, mLSE, scale_log2: Float32,
                 qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, ctid: Int32, w: Int32,
-                grp: Int32, batch: Int32, row: Int32, row_len: Int32, n_blk: Int32, seqlen_k: Int32):
+                grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
         OC = self.o_chunks
         quad = ctid % 4
         thr_qk = qk_mma.get_slice(ctid % 128)
@@ -227,9 +256,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ2))
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP2))
+        r2s_p = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), qk_mma)
+        thr_r2s_p = r2s_p.get_slice(ctid % 128)
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
         s_id = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((HG, HALF))))
-        o_id = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((HG, DC))))
         qk_mma.set(warpgroup.Field.ACCUMULATE, False)
         qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -242,13 +272,13 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
 
         cute.arch.mbarrier_wait(q_bar, 0)
-        blk = (mIdx, batch, row, row_len, seqlen_k)
         for n in cutlass.range(n_blk, unroll=1):
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, HALF)))
             self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, w)
-            self.load_valid(valid, s_id, blk, n, w)
+            for ci in cutlass.range_constexpr(n_cols):       # the producer's validity bytes (chunk 0 waited above)
+                valid[ci] = sValid[n % 2, w * HALF + s_id[0, ci][1]] != cutlass.Int8(0)
             warpgroup.wait_group(0)
-            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
+            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, r2s_p, thr_r2s_p, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
                             scale_log2, n, w, quad)
             warpgroup.wait_group(0)
             self.release(pipe, n)
@@ -278,22 +308,37 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             if w == 0:
                 if quad == 0:
                     mLSE[self.lse_coord(batch, row, h0 + h)] = Float32(cutlass.select_(dead, -Float32.inf, lse))
-        for i in cutlass.range_constexpr(OC):
+        self.store_o(acc_o, inv, sO, tma_o, tO, pv_mma, batch, row, grp, ctid, w)
+
+    @cute.jit
+    def store_o(self, acc_o, inv, sO, tma_o, tO, pv_mma: cute.TiledMma, batch: Int32, row: Int32, grp: Int32,
+                ctid: Int32, w: Int32):
+        """out[row, 64 heads, 256 w : 256 w + 256] = bf16(O x inv): stmatrix into stage w of sO (the Q tile's bytes:
+        every Q K^T of both consumers retired before SUM_BAR, and the Q TMA load completed before either consumer's
+        first wait), fence for the async proxy, both consumers' 256 threads at OUT_BAR, then one TMA store per
+        consumer by its first warp, waited until it has read shared memory (the CTA may exit after that)."""
+        sOw = sO[None, None, w]
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), pv_mma)
+        thr_r2s = r2s.get_slice(ctid % 128)
+        for i in cutlass.range_constexpr(self.o_chunks):
+            rO = cute.make_rmem_tensor(acc_o[i].layout, self.dt)
             o_mn = acc_mn_view(acc_o[i])
-            col0 = (w * OC + i) * DC
+            r_mn = acc_mn_view(rO)
             for r in cutlass.range_constexpr(2):
                 for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    mO[self.vec_coord(batch, row, h0 + o_id[r, ci][0], col0 + o_id[r, ci][1])] = \
-                        self.dt(o_mn[r, ci] * inv[r])
+                    r_mn[r, ci] = self.dt(o_mn[r, ci] * inv[r])
+            cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(cute.local_tile(sOw, (HG, DC), (0, i))))
+        cute.arch.fence_proxy("async.shared", space="cta")        # this thread's stmatrix stores -> TMA (async proxy)
+        pipeline.NamedBarrier(barrier_id=OUT_BAR, num_threads=256).arrive_and_wait()   # every writer of sO
+        if ctid % 128 < 32:
+            gO = cute.local_tile(tO[None, None, batch], (HG, self.Dv // 2), (self.q_row(row, grp), w))
+            tOs, tOg = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sOw, 0, 2),
+                                             cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, tOs, tOg)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------------------------------ consumer pieces
-    @cute.jit
-    def load_valid(self, valid, s_id, blk, n: Int32, w: Int32):
-        """valid[ci] of this thread's slots of block n (plain global loads)."""
-        mIdx, batch, row, row_len, seqlen_k = blk
-        for ci in cutlass.range_constexpr(cute.size(valid)):
-            valid[ci], _ = self.slot_row(mIdx, batch, row, n * BK + w * HALF + s_id[0, ci][1], row_len, seqlen_k)
-
     @cute.jit
     def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, w: Int32):
         """S_w(n) = Q K_w^T: for each chunk wait its full barrier, then its 4 k-blocks; one committed group."""
@@ -313,7 +358,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             pipe.consumer_release(self.state(n, c, False))
 
     @cute.jit
-    def softmax_pv(self, acc_s, valid, s_id, sRed, sP2, row_max, row_sum, corr, acc_o, tOrP, tOrV,
+    def softmax_pv(self, acc_s, valid, s_id, sRed, sP2, r2s, thr_r2s, row_max, row_sum, corr, acc_o, tOrP, tOrV,
                    pv_mma: cute.TiledMma, scale_log2: Float32, n: Int32, w: Int32, quad: Int32):
         """Block n after its S: scale and mask, the row max of both halves (MAX_BAR), P to sP (P_BAR), O rescaled and
         P V issued (committed, not waited)."""
@@ -340,8 +385,11 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             for ci in cutlass.range_constexpr(n_cols):
                 p = cute.math.exp2(s_mn[r, ci] - m_use, fastmath=True)
                 part = part + p
-                sP2[s_id[r, ci][0], w * HALF + s_id[r, ci][1]] = self.dt(p)
+                s_mn[r, ci] = p
             row_sum[r] = row_sum[r] * corr[r] + part
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dt)          # bf16 P of this half, by stmatrix into sP
+        rP.store(acc_s.load().to(self.dt))
+        cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(cute.local_tile(sP2, (HG, HALF), (0, w))))
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         pipeline.NamedBarrier(barrier_id=P_BAR, num_threads=256).arrive_and_wait()   # every writer of sP
         for i in cutlass.range_constexpr(self.o_chunks):
