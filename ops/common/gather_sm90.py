@@ -51,8 +51,9 @@ class BlockGather:
     slots) a zero store, so no stale or uninitialised row can reach an operand. Chunk g is published `lag` chunks
     after it was issued (publish(): wait_group, proxy fence, arrive of all 128 writers on its full barrier), and every
     block ends with all its chunks published, so the producer never waits on a stage while holding chunks a consumer
-    needs. With `sValid` (an Int8 tensor [2, GATHER_BK]) the producer also leaves each block's slot validity there
-    (publish_valid), so consumers read it from shared memory instead of loading the indices again. The kernel class
+    needs. With `sRows` (an Int32 tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there
+    (publish_rows: -1 for an invalid slot), so consumers take slot validity and key rows from shared memory instead
+    of loading the indices again. The kernel class
     supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a block), self.stages
     (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state), gather_dst(sK, r, col,
     index) (the 8-element shared-memory slice of row r, column piece col, in the stage of pipeline index `index`) and
@@ -60,7 +61,7 @@ class BlockGather:
 
     @cute.jit
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
-                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sValid=None):
+                row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sRows=None):
         NC, per_row, lag = self.NC, 64 // PIECE, self.gather_lag()
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
@@ -76,8 +77,8 @@ class BlockGather:
             for c in cutlass.range_constexpr(NC):
                 st = self.state(n, c, True)
                 pipe.producer_acquire(st)
-                if cutlass.const_expr(c == 0 and sValid is not None):
-                    self.publish_valid(sValid, rows, n, tidx)
+                if cutlass.const_expr(c == 0 and sRows is not None):
+                    self.publish_rows(sRows, rows, n, tidx)
                 for p in cutlass.range_constexpr(self.pieces):
                     dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row, st.index)
                     if rows[p] >= 0:
@@ -92,15 +93,15 @@ class BlockGather:
                 publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
 
     @cute.jit
-    def publish_valid(self, sValid: cute.Tensor, rows, n: Int32, tidx: Int32):
-        """sValid[n % 2, r] = 1 if slot r of block n is gathered (valid), else 0: written by the first of the 8
-        threads of each key row, after chunk 0 of block n was acquired (so every consumer has released chunk 0 of
-        block n - 2, after its last read of these bytes) and before chunk 0 is published (the full barrier's
-        arrival orders these stores for the consumers that wait on it)."""
+    def publish_rows(self, sRows: cute.Tensor, rows, n: Int32, tidx: Int32):
+        """sRows[n % 2, r] = the kv row slot r of block n gathers (the sequence's offset added), -1 for an invalid
+        slot: written by the first of the 8 threads of each key row, after chunk 0 of block n was acquired (so every
+        consumer has released chunk 0 of block n - 2, after its last read of these words) and before chunk 0 is
+        published (the full barrier's arrival orders these stores for the consumers that wait on it)."""
         per_row = 64 // PIECE
         if tidx % per_row == 0:
             for p in cutlass.range_constexpr(self.pieces):
-                sValid[n % 2, (tidx + 128 * p) // per_row] = cutlass.Int8(cutlass.select_(rows[p] >= 0, 1, 0))
+                sRows[n % 2, (tidx + 128 * p) // per_row] = rows[p]
 
     @cute.jit
     def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):

@@ -16,7 +16,8 @@ dout, lse or the sink reaches the gradients it influences.
 
 Tiling. One CTA = one query row and 64 heads (grid y = H / 64). Resident: Q (64 x Dqk, 72 KiB) and dout (64 x Dv,
 64 KiB), both by TMA. Slots in blocks of BK = 32; a block's kv rows gathered by cp.async (producer warpgroup, as in
-the forward; invalid slots zero-filled) into one of two slots of NC = Dqk / 64 chunks of 32 x 64 (4 KiB).
+the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows) into one of two slots
+of NC = Dqk / 64 chunks of 32 x 64 (4 KiB).
 Consumer warpgroups:
   - w = 0: S = Q K^T (m64 n32 k16, 9 x 4 k-steps), P (and Pn with dlse), then after DP_BAR dS from sdP, writes
     sdS = bf16(c dS) and sP = bf16(P) (generic stores, fence.proxy.async, DS_BAR);
@@ -32,14 +33,17 @@ only after DS_BAR (which w = 0 passes after reading it). sdS / sP written by w =
 both warpgroups' wgmmas after DS_BAR; rewritten at the next block only after DP_BAR, which each warpgroup reaches
 after its wgmmas of this block retired (wait_group 0). sStat (Delta, lse+, lse, dlse) written by 64 threads before
 the loop, read after PRE_BAR. kv chunks: as the forward (full: 128 producer arrivals; empty: 256 consumer arrivals).
+sRows[n % 2] (slot validity and the dkv rows): as the forward's, written before chunk 0 of block n is published, read
+after its full barrier, rewritten only after both consumers released chunk 0 of block n.
 Shared memory (Dqk 576): 72 + 64 + 72 + 4 + 4 + 8 KiB = 224 KiB of 227.
 
 Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, dkv fp32 [B,Skv,Dqk] / [Tkv,Dqk]
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: H200 2026-12-03: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean; Sq 4K, Skv 8K,
-top-k 2048, 576 / 512, H 64 with a sink: 15.94 ms (183 TFLOP/s) against cuDNN frontend's 6.65 ms (docs/performance.md).
+Status: H200 2026-12-04: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean; Sq 4K, Skv 8K,
+top-k 2048, 576 / 512, H 64 with a sink: 15.15 ms (193 TFLOP/s; 15.97 in the same run before the slot rows came from
+sRows instead of two index reloads a block) against cuDNN frontend's 6.65 ms (2026-12-03, docs/performance.md).
 """
 import math
 
@@ -131,6 +135,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
             sStat: cute.struct.MemRange[Float32, 4 * HG]
+            sRows: cute.struct.MemRange[Int32, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_l)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_l)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_l)], 1024]
@@ -204,6 +209,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         sPt = st.sP.get_tensor(sSt_l.outer, swizzle=sSt_l.inner)
         sdP = st.sdP.get_tensor(cute.make_layout(HG * BK))
         sStat = st.sStat.get_tensor(cute.make_layout((4, HG), stride=(HG, 1)))   # Delta, lse+ L2, lse L2, dlse
+        sRows = st.sRows.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))    # gathered kv rows, -1: invalid
         q_bar = st.mbar_q.data_ptr()
         qrow = row * (self.H // HG) + grp
         gQ = cute.local_tile(tQ[None, None, batch], (HG, D), (qrow, 0))
@@ -220,7 +226,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
                 load_resident_tiles(q_bar, self.tma_bytes, ((tma_q, tQg, tQs), (tma_do, tdOg, tdOs)))
-            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
+            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
         else:
             cute.arch.setmaxregister_increase(232)
             ctid = tidx - 128
@@ -228,14 +234,14 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             self.row_stats(sStat, mO, mdO, mLSE, mdLSE, mSink, batch, row, grp, ctid)
             pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sStat by 64 + 256 lanes
             sv = (sQ[None, None, 0], sQt, sdO[None, None, 0], sdOt, sK, sKt, sdS[None, None, 0], sdSt[None, None, 0],
-                  sP[None, None, 0], sPt[None, None, 0], sdP, sStat)
+                  sP[None, None, 0], sPt[None, None, 0], sdP, sStat, sRows)
             mma_s, mma_s_acc, mma_dq, mma_dkv = mmas     # MMA fields fixed once, outside the per-consumer branches
             mma_s.set(warpgroup.Field.ACCUMULATE, False)
             mma_s_acc.set(warpgroup.Field.ACCUMULATE, True)
             mma_dq.set(warpgroup.Field.ACCUMULATE, True)
             mma_dkv.set(warpgroup.Field.ACCUMULATE, True)
-            args = (pipe, q_bar, sv, mmas, mIdx, mdKV, mdQ, mdSink, mSink, scale, ctid)
-            rest = (grp, batch, row, row_len, n_blk, k_off, seqlen_k)
+            args = (pipe, q_bar, sv, mmas, mdKV, mdQ, mdSink, mSink, scale, ctid)
+            rest = (grp, batch, row, n_blk)
             if w == 0:      # one code path per consumer: its own register accumulators (4 or 5 dq chunks)
                 self.consume(*args, 0, *rest)
             else:
@@ -273,10 +279,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             sStat[3, ctid] = dl
 
     @cute.jit
-    def consume(self, pipe, q_bar, sv, mmas, mIdx, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,
+    def consume(self, pipe, q_bar, sv, mmas, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,
                 w: cutlass.Constexpr,
-                grp: Int32, batch: Int32, row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32):
-        sQ2, sQt, sdO2, sdOt, sK, sKt, sdS2, sdSt2, sP2, sPt2, sdP, sStat = sv
+                grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
+        sQ2, sQt, sdO2, sdOt, sK, sKt, sdS2, sdSt2, sP2, sPt2, sdP, sStat, sRows = sv
         mma_s, mma_s_acc, mma_dq, mma_dkv = mmas
         NC, NV = self.NC, self.NV
         t = ctid % 128
@@ -317,8 +323,8 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                         cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc_s, tSrQ[None, None, c * kpc + kb],
                                   tSrK[None, None, kb, s.index], acc_s)
                 warpgroup.commit_group()
-                for ci in cutlass.range_constexpr(n_cols):
-                    valid[ci], _ = self.slot_row(mIdx, batch, row, n * BK + s_id[0, ci][1], row_len, seqlen_k)
+                for ci in cutlass.range_constexpr(n_cols):     # the producer's gathered rows (chunk 0 waited)
+                    valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
                 warpgroup.wait_group(0)
                 pipeline.NamedBarrier(barrier_id=DP_BAR, num_threads=256).arrive_and_wait()   # sdP written
                 self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, c2, scale, t)
@@ -346,9 +352,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, stage], acc_dq[i])
             warpgroup.commit_group()
             for ci in cutlass.range_constexpr(n_cols):
-                valid[ci], krow[ci] = self.slot_row(mIdx, batch, row, n * BK + k_id[0, ci][1], row_len, seqlen_k)
+                krow[ci] = sRows[n % 2, k_id[0, ci][1]]          # the sequence's offset included
+                valid[ci] = krow[ci] >= 0
             for i in cutlass.range_constexpr(n_kv):
-                self.dkv_tile(mma_dkv, thr_kv, tKrQt, tKrdOt, tKrdS, tKrP, k_id, valid, krow, mdKV, batch, k_off,
+                self.dkv_tile(mma_dkv, thr_kv, tKrQt, tKrdOt, tKrdS, tKrP, k_id, valid, krow, mdKV, batch,
                               i + (1 - w) * DQ_SPLIT)
             warpgroup.wait_group(0)
             for c in cutlass.range_constexpr(NC):
@@ -402,7 +409,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
     @cute.jit
     def dkv_tile(self, mma_dkv, thr_kv, tKrQt, tKrdOt, tKrdS, tKrP, k_id, valid, krow, mdKV: cute.Tensor,
-                 batch: Int32, k_off: Int32, chunk: cutlass.Constexpr):
+                 batch: Int32, chunk: cutlass.Constexpr):
         """dkv^T tile (64 columns of chunk x 32 keys) = Q^T dS (scale in dS) + dout^T P (chunks < NV), added to
         global fp32 at the valid keys' rows."""
         acc = thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK)))
@@ -427,4 +434,4 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     ok = cutlass.select_(sub == i, valid[4 * g + i], ok)
                     kr = cutlass.select_(sub == i, krow[4 * g + i], kr)
                 if ok:
-                    red_add_v4(mdKV.iterator + cute.crd2idx((k_off + kr, col, batch), mdKV.layout), y0, y1, y2, y3)
+                    red_add_v4(mdKV.iterator + cute.crd2idx((kr, col, batch), mdKV.layout), y0, y1, y2, y3)

@@ -19,13 +19,13 @@ blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks 
 chunk is two 32-key halves (32 x 64, 4 KiB each) with one full and one empty mbarrier. 3 warpgroups:
   - warpgroup 0 (producer, 40 registers): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the
     block's rows with cp.async (indices loaded one block ahead), zero-fill the pieces of invalid slots, write the
-    block's slot validity bytes (sValid[n % 2], before chunk 0 is published), and publish chunk g once its group
-    retired, LAG chunks later (gather_sm90.publish: wait_group, proxy fence, arrive; all 128 writers arrive on the
-    chunk's full barrier). Every block ends with all its chunks published before the next
-    block's first acquire (so the producer never waits on a slot while holding chunks the consumers need).
+    block's gathered rows (sRows[n % 2], -1 where invalid, before chunk 0 is published), and publish chunk g once
+    its group retired, LAG chunks later (gather_sm90.publish: wait_group, proxy fence, arrive; all 128 writers
+    arrive on the chunk's full barrier). Every block ends with all its chunks published before the next block's
+    first acquire (so the producer never waits on a slot while holding chunks the consumers need).
   - warpgroups 1 and 2 (consumers w = 0, 1): per block, S_w = Q K_w^T over the w-th 32-key half (wgmma m64 n32 k16,
     B = the chunk halves, K-major), scale and mask; the row max of both halves is exchanged through sRed (named
-    barrier MAX_BAR; the mask comes from sValid, not from the indices again); P (bf16, stmatrix) of both halves goes
+    barrier MAX_BAR; the mask comes from sRows, not from the indices again); P (bf16, stmatrix) of both halves goes
     to sP (64 heads x 64 keys), fenced for the async proxy and
     ordered by named barrier P_BAR (every writer of sP arrives); then O_w += P V over Dv columns
     [256 w, 256 w + 256) (4 accumulators of 64 x 64, wgmma m64 n64 k16, A = sP, B = the chunk halves read as V,
@@ -38,8 +38,8 @@ after MAX_BAR; rewritten only after P_BAR (which the reader passes after its rea
 threads (generic stores, then fence.proxy.async) and read by wgmma after P_BAR; rewritten only after the next
 MAX_BAR, which each consumer reaches after its P V wgmmas retired (wait_group 0). kv chunks: cp.async / zero stores
 ordered by the full mbarrier (128 arrivals), reused after the empty mbarrier (256 arrivals, after wait_group 0).
-sValid[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired (every consumer has released
-chunk 0 of block n - 2, after its last read of those bytes), read by the consumers after chunk 0's full barrier.
+sRows[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired (every consumer has released
+chunk 0 of block n - 2, after its last read of those words), read by the consumers after chunk 0's full barrier.
 sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256 consumer threads), then the TMA
 store issued by that consumer's first warp, which waits until the store has read shared memory.
 Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB (Dqk 576: 224.5 KiB of 227).
@@ -51,7 +51,7 @@ search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
 Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_attn.py 33 passed (2x float32 floor gate, NaN poison, sinks,
 THD tail, Skv < K, x5000 logits, bitwise reruns, CUDA graph, Sq 70000), racecheck/memcheck clean. Sq 4K, Skv 8K,
-H 128, top-k 2048, 576/512: 6.68 ms = 350 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to sValid,
+H 128, top-k 2048, 576/512: 6.68 ms = 350 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to shared memory,
 P to stmatrix and out to a TMA store, outputs bitwise the same). With the gather removed (the producer only
 publishes) the previous kernel ran 7.25 ms: the consumers, not the gather, set the pace; ncu source sampling then
 showed them waiting on the index loads of the mask (long scoreboard) and on scalar 2-byte stores of P and out.
@@ -59,8 +59,8 @@ Before (2026-12-03), ncu on that shape: tensor pipe 31 % of
 elapsed cycles, L1/shared-memory pipe 76 % (the busiest unit), 47 M local-memory (spill) requests, stalls mostly
 long-scoreboard (L1TEX); producer lag 3 / 6 / 8 within 1 % (not the limit); issuing Q K^T of the next block under
 this block's softmax measured 1.5x slower (with two block slots its gather then waits in the critical path) and
-was removed. Levers left: the spills (ptxas: ~70-100 bytes in the consumer's loop), P V as one N = 256 wgmma per
-k-step (sP read once, not 4 times), Q K^T with N = 64 (Q is read by both consumers), a staged 16-byte O store.
+was removed. Levers left: the spills (3 reloads a block left in the consumer's loop), P V as one N = 256 wgmma per
+k-step (sP read once, not 4 times), Q K^T with N = 64 (Q is read by both consumers).
 """
 import math
 
@@ -149,7 +149,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
             sRed: cute.struct.MemRange[Float32, 2 * HG]
-            sValid: cute.struct.MemRange[cutlass.Int8, 2 * BK]
+            sRows: cute.struct.MemRange[Int32, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
@@ -221,7 +221,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         sV = storage.sKV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sRed = storage.sRed.get_tensor(cute.make_layout((2, HG), stride=(HG, 1)))
-        sValid = storage.sValid.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))
+        sRows = storage.sRows.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))
         sO = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sO_layout.inner, dtype=self.dt),
                               sO_layout.outer)
         sQ2 = sQ[None, None, 0]
@@ -239,14 +239,14 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
                 load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
-            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sValid)
+            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
         else:
             cute.arch.setmaxregister_increase(232)
-            self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, sValid, sO, tma_o, tO, mSink, mLSE, scale_log2, qk_mma,
+            self.consume(pipe, q_bar, sQ2, sK, sV, sP2, sRed, sRows, sO, tma_o, tO, mSink, mLSE, scale_log2, qk_mma,
                          qk_mma_acc, pv_mma, tidx - 128, wg - 1, grp, batch, row, n_blk)
 
     @cute.jit
-    def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, sValid, sO, tma_o, tO, mSink, mLSE, scale_log2: Float32,
+    def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, sRows, sO, tma_o, tO, mSink, mLSE, scale_log2: Float32,
                 qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, ctid: Int32, w: Int32,
                 grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
         OC = self.o_chunks
@@ -275,10 +275,11 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         for n in cutlass.range(n_blk, unroll=1):
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, HALF)))
             self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, w)
-            for ci in cutlass.range_constexpr(n_cols):       # the producer's validity bytes (chunk 0 waited above)
-                valid[ci] = sValid[n % 2, w * HALF + s_id[0, ci][1]] != cutlass.Int8(0)
+            for ci in cutlass.range_constexpr(n_cols):       # the producer's gathered rows (chunk 0 waited above)
+                valid[ci] = sRows[n % 2, w * HALF + s_id[0, ci][1]] >= 0
             warpgroup.wait_group(0)
-            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, r2s_p, thr_r2s_p, row_max, row_sum, corr, acc_o, tOrP, tOrV, pv_mma,
+            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, r2s_p, thr_r2s_p, row_max, row_sum, corr, acc_o, tOrP, tOrV,
+                            pv_mma,
                             scale_log2, n, w, quad)
             warpgroup.wait_group(0)
             self.release(pipe, n)
