@@ -26,10 +26,10 @@ chunk is two 32-key halves (32 x 64, 4 KiB each) with one full and one empty mba
   - warpgroups 1 and 2 (consumers w = 0, 1): per block, S_w = Q K_w^T over the w-th 32-key half (wgmma m64 n32 k16,
     B = the chunk halves, K-major), scale and mask; the row max of both halves is exchanged through sRed (named
     barrier MAX_BAR; the mask comes from sRows, not from the indices again); P (bf16, stmatrix) of both halves goes
-    to sP (64 heads x 64 keys), fenced for the async proxy and
-    ordered by named barrier P_BAR (every writer of sP arrives); then O_w += P V over Dv columns
-    [256 w, 256 w + 256) (4 accumulators of 64 x 64, wgmma m64 n64 k16, A = sP, B = the chunk halves read as V,
-    MN-major: the same bytes as the K view); wait, release the block's chunks (256 consumer arrivals).
+    to sP (64 heads x 64 keys), fenced for the async proxy and ordered by named barrier P_BAR (every writer of sP
+    arrives); then O_w += P V over Dv columns [256 w, 256 w + 256) (one 64 x 256 accumulator, wgmma m64 n256 k16,
+    A = sP, B = the consumer's 4 consecutive chunks read as one MN-major 256 x 64 V tile: the same bytes as the K
+    view); wait, release the block's chunks (256 consumer arrivals).
     Row sums l_w stay per consumer and are added through sRed at the end (named barrier SUM_BAR). Epilogue: each
     consumer's 64 x 256 bf16 O goes by stmatrix into the Q tile's bytes (free: every Q K^T retired before SUM_BAR),
     then one TMA store per consumer (named barrier OUT_BAR orders all writers first).
@@ -51,16 +51,16 @@ search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
 Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_attn.py 33 passed (2x float32 floor gate, NaN poison, sinks,
 THD tail, Skv < K, x5000 logits, bitwise reruns, CUDA graph, Sq 70000), racecheck/memcheck clean. Sq 4K, Skv 8K,
-H 128, top-k 2048, 576/512: 6.68 ms = 350 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to shared memory,
-P to stmatrix and out to a TMA store, outputs bitwise the same). With the gather removed (the producer only
+H 128, top-k 2048, 576/512: 6.10 ms = 383 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to shared memory,
+P to stmatrix and out to a TMA store (6.68 ms), then P V to one N = 256 wgmma a k-step; outputs bitwise the same). With the gather removed (the producer only
 publishes) the previous kernel ran 7.25 ms: the consumers, not the gather, set the pace; ncu source sampling then
 showed them waiting on the index loads of the mask (long scoreboard) and on scalar 2-byte stores of P and out.
 Before (2026-12-03), ncu on that shape: tensor pipe 31 % of
 elapsed cycles, L1/shared-memory pipe 76 % (the busiest unit), 47 M local-memory (spill) requests, stalls mostly
 long-scoreboard (L1TEX); producer lag 3 / 6 / 8 within 1 % (not the limit); issuing Q K^T of the next block under
 this block's softmax measured 1.5x slower (with two block slots its gather then waits in the critical path) and
-was removed. Levers left: the spills (3 reloads a block left in the consumer's loop), P V as one N = 256 wgmma per
-k-step (sP read once, not 4 times), Q K^T with N = 64 (Q is read by both consumers).
+was removed. Levers left: the spills (4 reloads a block left in the consumer's loop), Q K^T with N = 64 (Q is read
+by both consumers), overlap of one consumer's softmax with the other's wgmmas (both wait at MAX_BAR / P_BAR today).
 """
 import math
 
@@ -104,7 +104,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         self.varlen, self.has_length, self.has_sink = varlen, has_length, has_sink
         self.dt = cutlass.BFloat16
         self.pieces = BK * DC // PIECE // 128     # cp.async pieces per producer thread per chunk (4)
-        self.o_chunks = v_head_dim // DC // 2     # 64-column output accumulators per consumer (4)
+        self.o_chunks = v_head_dim // DC // 2     # 64-column kv chunks of a consumer's 256 output columns (4)
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -129,16 +129,18 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         K, MN = OperandMajorMode.K, OperandMajorMode.MN
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, HALF))
         qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, HALF))
-        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), tiler_mn=(HG, DC))
+        VH = self.Dv // 2
+        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), tiler_mn=(HG, VH))
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, HALF, D), dt, 1)
         # one chunk half (32 keys x 64 columns, 128-byte rows) seen two ways over the same bytes:
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, HALF, DC), dt, 2 * self.stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (HG, DC, HALF), dt, 2 * self.stages)
+        # V of one consumer: 4 consecutive chunks (8 KiB each: the two 32-key halves back to back) read as one
+        # MN-major 256-column x 64-key tile (the layout tiles K first, so its 64-column atoms sit 8 KiB apart)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (HG, VH, BK), dt, 1)
         sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, DC, BK), dt, 1)
         tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
                                                 cute.slice_(sQ_layout, (None, None, 0)), (HG, D))
         # out: each consumer's 64 heads x 256 columns, staged in the Q tile's bytes (free once both Q K^T retired)
-        VH = self.Dv // 2
         sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, DC, VH), dt, 2)
         tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o_v,
                                                 cute.slice_(sO_layout, (None, None, 0)), (HG, VH))
@@ -218,7 +220,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         storage = smem.allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sKV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sV = (storage.sKV.data_ptr(), sV_layout)          # the tile is placed per block (slot and consumer)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sRed = storage.sRed.get_tensor(cute.make_layout((2, HG), stride=(HG, 1)))
         sRows = storage.sRows.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))
@@ -249,7 +251,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     def consume(self, pipe, q_bar, sQ2, sK, sV, sP2, sRed, sRows, sO, tma_o, tO, mSink, mLSE, scale_log2: Float32,
                 qk_mma: cute.TiledMma, qk_mma_acc: cute.TiledMma, pv_mma: cute.TiledMma, ctid: Int32, w: Int32,
                 grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
-        OC = self.o_chunks
         quad = ctid % 4
         thr_qk = qk_mma.get_slice(ctid % 128)
         thr_pv = pv_mma.get_slice(ctid % 128)
@@ -258,14 +259,12 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP2))
         r2s_p = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), qk_mma)
         thr_r2s_p = r2s_p.get_slice(ctid % 128)
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
         s_id = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((HG, HALF))))
         qk_mma.set(warpgroup.Field.ACCUMULATE, False)
         qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        acc_o = [thr_pv.make_fragment_C(thr_pv.partition_shape_C((HG, DC))) for _ in range(OC)]
-        for i in cutlass.range_constexpr(OC):
-            acc_o[i].fill(0.0)
+        acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((HG, self.Dv // 2)))
+        acc_o.fill(0.0)
         row_max, row_sum = softmax_state(2)
         corr = cute.make_rmem_tensor((2,), Float32)
         n_cols = cute.size(s_id, mode=[1])
@@ -278,8 +277,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             for ci in cutlass.range_constexpr(n_cols):       # the producer's gathered rows (chunk 0 waited above)
                 valid[ci] = sRows[n % 2, w * HALF + s_id[0, ci][1]] >= 0
             warpgroup.wait_group(0)
-            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, r2s_p, thr_r2s_p, row_max, row_sum, corr, acc_o, tOrP, tOrV,
-                            pv_mma,
+            self.softmax_pv(acc_s, valid, s_id, sRed, sP2, r2s_p, thr_r2s_p, row_max, row_sum, corr, acc_o, tOrP, sV,
+                            thr_pv, pv_mma,
                             scale_log2, n, w, quad)
             warpgroup.wait_group(0)
             self.release(pipe, n)
@@ -321,14 +320,13 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         sOw = sO[None, None, w]
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), pv_mma)
         thr_r2s = r2s.get_slice(ctid % 128)
-        for i in cutlass.range_constexpr(self.o_chunks):
-            rO = cute.make_rmem_tensor(acc_o[i].layout, self.dt)
-            o_mn = acc_mn_view(acc_o[i])
-            r_mn = acc_mn_view(rO)
-            for r in cutlass.range_constexpr(2):
-                for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    r_mn[r, ci] = self.dt(o_mn[r, ci] * inv[r])
-            cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(cute.local_tile(sOw, (HG, DC), (0, i))))
+        rO = cute.make_rmem_tensor(acc_o.layout, self.dt)
+        o_mn = acc_mn_view(acc_o)
+        r_mn = acc_mn_view(rO)
+        for r in cutlass.range_constexpr(2):
+            for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                r_mn[r, ci] = self.dt(o_mn[r, ci] * inv[r])
+        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sOw))
         cute.arch.fence_proxy("async.shared", space="cta")        # this thread's stmatrix stores -> TMA (async proxy)
         pipeline.NamedBarrier(barrier_id=OUT_BAR, num_threads=256).arrive_and_wait()   # every writer of sO
         if ctid % 128 < 32:
@@ -359,8 +357,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             pipe.consumer_release(self.state(n, c, False))
 
     @cute.jit
-    def softmax_pv(self, acc_s, valid, s_id, sRed, sP2, r2s, thr_r2s, row_max, row_sum, corr, acc_o, tOrP, tOrV,
-                   pv_mma: cute.TiledMma, scale_log2: Float32, n: Int32, w: Int32, quad: Int32):
+    def softmax_pv(self, acc_s, valid, s_id, sRed, sP2, r2s, thr_r2s, row_max, row_sum, corr, acc_o, tOrP, sV,
+                   thr_pv, pv_mma: cute.TiledMma, scale_log2: Float32, n: Int32, w: Int32, quad: Int32):
         """Block n after its S: scale and mask, the row max of both halves (MAX_BAR), P to sP (P_BAR), O rescaled and
         P V issued (committed, not waited)."""
         n_cols = cute.size(valid)
@@ -393,12 +391,13 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(cute.local_tile(sP2, (HG, HALF), (0, w))))
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         pipeline.NamedBarrier(barrier_id=P_BAR, num_threads=256).arrive_and_wait()   # every writer of sP
-        for i in cutlass.range_constexpr(self.o_chunks):
-            rescale_rows(acc_mn_view(acc_o[i]), corr)
+        rescale_rows(acc_mn_view(acc_o), corr)
+        kv_base, sV_layout = sV
+        chunk = (n % 2) * self.NC + w * self.o_chunks              # the first of this consumer's 4 V chunks
+        ptr = cute.recast_ptr(kv_base + chunk * BK * DC, sV_layout.inner, dtype=self.dt)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(
+            cute.make_tensor(ptr, cute.slice_(sV_layout.outer, (None, None, 0)))))
         warpgroup.fence()
-        for i in cutlass.range_constexpr(self.o_chunks):
-            chunk = w * self.o_chunks + i
-            for kb in cutlass.range_constexpr(BK // 16):
-                stage = 2 * ((n % 2) * self.NC + chunk) + kb // 2
-                cute.gemm(pv_mma, acc_o[i], tOrP[None, None, kb], tOrV[None, None, kb % 2, stage], acc_o[i])
+        for kb in cutlass.range_constexpr(BK // 16):
+            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb], acc_o)
         warpgroup.commit_group()
