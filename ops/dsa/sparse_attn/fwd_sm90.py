@@ -52,9 +52,10 @@ search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_attn.py 33 passed (2x float32 floor gate, NaN poison, sinks,
 THD tail, Skv < K, x5000 logits, bitwise reruns, CUDA graph, Sq 70000), racecheck/memcheck clean. Sq 4K, Skv 8K,
 H 128, top-k 2048, 576/512: 6.10 ms = 383 TFLOP/s (issue 11 target 550; 7.61 ms before the mask moved to shared memory,
-P to stmatrix and out to a TMA store (6.68 ms), then P V to one N = 256 wgmma a k-step; outputs bitwise the same). With the gather removed (the producer only
-publishes) the previous kernel ran 7.25 ms: the consumers, not the gather, set the pace; ncu source sampling then
-showed them waiting on the index loads of the mask (long scoreboard) and on scalar 2-byte stores of P and out.
+P to stmatrix and out to a TMA store (6.68 ms), then P V to one N = 256 wgmma a k-step; outputs bitwise the same).
+With the gather removed (the producer only publishes) the 7.61 ms kernel ran 7.25 ms: the consumers, not the gather,
+set the pace; ncu source sampling then showed them waiting on the index loads of the mask (long scoreboard) and on
+scalar 2-byte stores of P and out.
 Before (2026-12-03), ncu on that shape: tensor pipe 31 % of
 elapsed cycles, L1/shared-memory pipe 76 % (the busiest unit), 47 M local-memory (spill) requests, stalls mostly
 long-scoreboard (L1TEX); producer lag 3 / 6 / 8 within 1 % (not the limit); issuing Q K^T of the next block under
