@@ -20,7 +20,7 @@ the forward; invalid slots zero-filled; the block's gathered rows, -1 where inva
 of NC = Dqk / 64 chunks of 32 x 64 (4 KiB).
 Consumer warpgroups:
   - w = 0: S = Q K^T (m64 n32 k16, 9 x 4 k-steps), P (and Pn with dlse), then after DP_BAR dS from sdP, writes
-    sdS = bf16(c dS) and sP = bf16(P) (generic stores, fence.proxy.async, DS_BAR);
+    sdS = bf16(c dS) and sP = bf16(P) (stmatrix, fence.proxy.async, DS_BAR);
   - w = 1: dP = dout V^T (m64 n32 k16, 8 x 4 k-steps), written to sdP (fp32, in its accumulator order: w = 0 reads
     the same (row, col) at the same index), DP_BAR, DS_BAR;
   - both: dq chunks (w = 0: 0-3, w = 1: 4-8; accumulators 64 x 64 in registers over all blocks; A = sdS, B = the kv
@@ -42,8 +42,9 @@ Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, 
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
 Status: H200 2026-12-04: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean; Sq 4K, Skv 8K,
-top-k 2048, 576 / 512, H 64 with a sink: 15.15 ms (193 TFLOP/s; 15.97 in the same run before the slot rows came from
-sRows instead of two index reloads a block) against cuDNN frontend's 6.65 ms (2026-12-03, docs/performance.md).
+top-k 2048, 576 / 512, H 64 with a sink: 14.69 ms (199 TFLOP/s; 15.82 in the same run with 2026-12-03's kernel, before
+the slot rows came from sRows instead of two index reloads a block and sdS / sP went by stmatrix) against cuDNN
+frontend's 6.80 ms (docs/performance.md, 2026-12-04).
 """
 import math
 
@@ -53,6 +54,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -307,6 +309,8 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         for i in cutlass.range_constexpr(n_dq):
             acc_dq[i].fill(0.0)
         n_cols = cute.size(s_id, mode=[1])
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), mma_s)
+        thr_r2s = r2s.get_slice(t)
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
         krow = cute.make_rmem_tensor((n_cols,), Int32)
         c2 = scale * Float32(LOG2E)
@@ -327,7 +331,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
                 warpgroup.wait_group(0)
                 pipeline.NamedBarrier(barrier_id=DP_BAR, num_threads=256).arrive_and_wait()   # sdP written
-                self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, c2, scale, t)
+                self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2, scale, t)
             else:           # ---- dP = dout V^T
                 for c in cutlass.range_constexpr(NV):
                     s = self.state(n, c, False)
@@ -379,9 +383,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 mdSink[self.head_coord(batch, row, h0 + t)] = -cute.math.exp2(arg, fastmath=False) * sStat[0, t]
 
     @cute.jit
-    def write_ds(self, acc_s, valid, s_id, sStat, sdP, sdS2, sP2, c2: Float32, scale: Float32, t: Int32):
-        """Consumer 0: P (and Pn) from S, dS = P (dP - Delta) + dlse Pn, sdS = bf16(scale dS), sP = bf16(P); fenced
-        for the async proxy, then DS_BAR is the caller's."""
+    def write_ds(self, acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2: Float32, scale: Float32,
+                 t: Int32):
+        """Consumer 0: P (and Pn) from S, dS = P (dP - Delta) + dlse Pn, sdS = bf16(scale dS), sP = bf16(P) (by
+        stmatrix); fenced for the async proxy, then DS_BAR is the caller's."""
         s_mn = acc_mn_view(acc_s)
         dP = cute.make_rmem_tensor(acc_s.layout, Float32)
         for e in cutlass.range_constexpr(cute.size(acc_s)):
@@ -402,9 +407,14 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     pn = Float32(cutlass.select_(valid[ci], cute.math.exp2(an, fastmath=True), Float32(0.0)))
                     ds = ds + dl * pn
                 ds = Float32(cutlass.select_(valid[ci], ds, Float32(0.0)))
-                key = s_id[r, ci][1]
-                sdS2[h, key] = self.dt(ds * scale)
-                sP2[h, key] = self.dt(p)
+                dp_mn[r, ci] = ds * scale                        # in place: dP and S are not read again
+                s_mn[r, ci] = p
+        rdS = cute.make_rmem_tensor(acc_s.layout, self.dt)
+        rdS.store(dP.load().to(self.dt))
+        cute.copy(r2s, thr_r2s.retile(rdS), thr_r2s.partition_D(sdS2))
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dt)
+        rP.store(acc_s.load().to(self.dt))
+        cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sP2))
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's stores -> the wgmmas (async proxy)
 
     @cute.jit
