@@ -316,8 +316,11 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
                 ctid: Int32, w: Int32):
         """out[row, 64 heads, 256 w : 256 w + 256] = bf16(O x inv): stmatrix into stage w of sO (the Q tile's bytes:
         every Q K^T of both consumers retired before SUM_BAR, and the Q TMA load completed before either consumer's
-        first wait), fence for the async proxy, both consumers' 256 threads at OUT_BAR, then one TMA store per
-        consumer by its first warp, waited until it has read shared memory (the CTA may exit after that)."""
+        first wait), fence for the async proxy, both consumers' 256 threads at OUT_BAR, then the TMA store of the
+        consumer's tile by its first warp, waited until it has read shared memory (the CTA may exit after that).
+        Known waste (PTX, 2026-12-04): the DSL puts no elect around this store, so all 32 lanes of that warp issue
+        the same 4 bulk stores (same bytes to the same place: correct, but 32x the store traffic); one elected
+        lane is the fix, to be measured on the H200 before it lands."""
         sOw = sO[None, None, w]
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), pv_mma)
         thr_r2s = r2s.get_slice(ctid % 128)
