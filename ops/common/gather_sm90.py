@@ -53,11 +53,10 @@ class BlockGather:
     block ends with all its chunks published, so the producer never waits on a stage while holding chunks a consumer
     needs. With `sRows` (an Int32 tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there
     (publish_rows: -1 for an invalid slot), so consumers take slot validity and key rows from shared memory instead
-    of loading the indices again. The kernel class
-    supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a block), self.stages
-    (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state), gather_dst(sK, r, col,
-    index) (the 8-element shared-memory slice of row r, column piece col, in the stage of pipeline index `index`) and
-    idx_coord(batch, row, j)."""
+    of loading the indices again. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a
+    block), self.stages (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state),
+    gather_dst(sK, r, col, index) (the 8-element shared-memory slice of row r, column piece col, in the stage of
+    pipeline index `index`) and idx_coord(batch, row, j)."""
 
     @cute.jit
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,

@@ -35,14 +35,14 @@ chunk is two 32-key halves (32 x 64, 4 KiB each) with one full and one empty mba
     then one TMA store per consumer (named barrier OUT_BAR orders all writers first).
 Shared-memory handoffs: sRed (row max) written by one lane per quad of each consumer, read by the other consumer
 after MAX_BAR; rewritten only after P_BAR (which the reader passes after its read). sP written by all 256 consumer
-threads (generic stores, then fence.proxy.async) and read by wgmma after P_BAR; rewritten only after the next
+threads (stmatrix, then fence.proxy.async) and read by wgmma after P_BAR; rewritten only after the next
 MAX_BAR, which each consumer reaches after its P V wgmmas retired (wait_group 0). kv chunks: cp.async / zero stores
 ordered by the full mbarrier (128 arrivals), reused after the empty mbarrier (256 arrivals, after wait_group 0).
 sRows[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired (every consumer has released
 chunk 0 of block n - 2, after its last read of those words), read by the consumers after chunk 0's full barrier.
 sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256 consumer threads), then the TMA
 store issued by that consumer's first warp, which waits until the store has read shared memory.
-Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB (Dqk 576: 224.5 KiB of 227).
+Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB + sRed / sRows / barriers (Dqk 576: ~225 KiB of 227).
 
 Layouts. Dense: q [B,Sq,H,Dqk], kv [B,Skv,Dqk], idx int32 [B,Sq,K], topk_length int32 [B,Sq], sink fp32 [H],
 out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [Tq,K] (local to the row's sequence),
