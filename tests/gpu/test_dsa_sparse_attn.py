@@ -5,7 +5,8 @@ kernel must (P and out to bf16), rows with no valid slot exactly out 0 / lse -in
 Slots: indices drawn from [-3, Skv + 5) (negative and past-the-end ones invalid), duplicates, topk_length random and
 0, whole rows and whole 64-slot blocks invalid, K not a multiple of 64, Skv < K, THD with an empty segment, an
 off-grid segment and rows past cu_seqlens_q[-1], sinks (none, finite, huge, -inf, NaN), logits scaled up to x5000,
-NaN in a gathered kv row, 100 bitwise-identical reruns, a CUDA graph capture, Sq = 70000 (grid limits).
+NaN in a gathered kv row, 100 bitwise-identical reruns, a CUDA graph capture, Sq = 70000 (grid limits), out as a
+view inside a guarded buffer (the TMA store writes nothing outside out).
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_attn.py
 """
 import math
@@ -218,6 +219,45 @@ def test_long_sq_grid():
     ex_o, ex_l = sparse_attention(q[:, rows], kv, 1 / math.sqrt(D), idx[:, rows], dv=DV)
     fl_o, _ = sparse_attention(q[:, rows], kv, 1 / math.sqrt(D), idx[:, rows], dv=DV, dtype=torch.float32, floor=True)
     assert row_err(out[:, rows], ex_o) <= 2 * row_err(fl_o, ex_o) + 1e-6
+
+
+@pytest.mark.parametrize("H,varlen", [(128, False), (64, True)])
+def test_out_store_stays_in_place(H, varlen):
+    """out goes out by TMA stores (64 heads x 256 columns a consumer): with out a view inside a larger buffer whose
+    guard rows hold a sentinel, every guard element is unchanged and out is still within the floor gate (dense
+    with a batch stride past out's rows; THD with rows past cu_seqlens_q[-1])."""
+    torch.manual_seed(5)
+    D, K = 576, 128
+    scale = 1 / math.sqrt(D)
+    if varlen:
+        lens_q, lens_k = [3, 0, 9], [100, 20, 180]
+        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+        Tq = int(cu_q[-1]) + 2
+        q, kv = rnd(Tq, H, D), rnd(int(cu_k[-1]), D)
+        idx = torch.randint(-1, 185, (Tq, K), device=DEV, dtype=torch.int32)
+        buf = torch.full((Tq + 2, H, DV), 7.0, device=DEV, dtype=torch.bfloat16)
+        out, guards = buf[1:-1], (buf[0], buf[-1])
+        lse = torch.full((H, Tq), NAN, device=DEV)
+        kw = dict(cu_q=cu_q, cu_k=cu_k)
+    else:
+        B, Sq, Skv = 2, 5, 300
+        q, kv = rnd(B, Sq, H, D), rnd(B, Skv, D)
+        idx = indices((B, Sq), K, Skv)
+        buf = torch.full((B, Sq + 2, H, DV), 7.0, device=DEV, dtype=torch.bfloat16)
+        out, guards = buf[:, 1:-1], (buf[:, 0], buf[:, -1])
+        lse = torch.full((B, H, Sq), NAN, device=DEV)
+        kw = {}
+    out.fill_(NAN)
+    sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=scale, cu_seqlens_q=kw.get("cu_q"),
+                    cu_seqlens_k=kw.get("cu_k"), stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    for g in guards:
+        assert torch.equal(g, torch.full_like(g, 7.0)), "a write landed outside out"
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    ex_o, _ = sparse_attention(q, kv, scale, idx, dv=DV, **kw)
+    fl_o, _ = sparse_attention(q, kv, scale, idx, dv=DV, dtype=torch.float32, floor=True, **kw)
+    assert row_err(out, ex_o) <= 2 * row_err(fl_o, ex_o) + 1e-6
 
 
 def test_rejects_unsupported():
