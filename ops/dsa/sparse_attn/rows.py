@@ -1,10 +1,9 @@
 """What the sparse attention kernels (fwd_sm90.py, bwd_sm90.py) share besides the gather producer: coordinates of a
-query row's tensors in the dense [B, Sq, ...] and THD [Tq, ...] layouts, a slot's validity, and the two-slot chunk
-pipeline's states. A mixin: the kernel class has `varlen`, `stages` and `NC`."""
+query row's tensors in the dense [B, Sq, ...] and THD [Tq, ...] layouts and the two-slot chunk pipeline's states
+(a slot's validity comes from the producer: gather_sm90.publish_rows). A mixin: the kernel class has `varlen`,
+`stages` and `NC`."""
 import cutlass
-import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Int32
 
 
 class SlotRows:
@@ -23,16 +22,6 @@ class SlotRows:
 
     def lse_coord(self, batch, row, h):
         return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
-
-    @cute.jit
-    def slot_row(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32, row_len: Int32, seqlen_k: Int32):
-        """(valid, key row within the sequence) of slot j: j < the row's slot count and 0 <= idx < seqlen_k."""
-        kidx = Int32(0)
-        valid = j < row_len
-        if valid:
-            kidx = mIdx[self.idx_coord(batch, row, j)]
-            valid = kidx >= 0 and kidx < seqlen_k
-        return valid, kidx
 
     def state(self, n, c, producer):
         """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block (two slots)."""
