@@ -67,6 +67,10 @@ def test_ptx(tmp_path):
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
     assert "st.local" not in text and "ld.local" not in text
     assert "fence.proxy.async.shared::cta" in text
+    store = ".global.shared::cta.tile.bulk_group"                       # out: 4 TMA boxes of 64 columns
+    assert text.count(store) == 4
+    first = text.index(store)
+    assert "elect.sync" in text[text.rindex("bar.sync", 0, first):first]  # issued by one elected lane, not 32
 
 
 def f32(*s):

@@ -41,7 +41,7 @@ ordered by the full mbarrier (128 arrivals), reused after the empty mbarrier (25
 sRows[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired (every consumer has released
 chunk 0 of block n - 2, after its last read of those words), read by the consumers after chunk 0's full barrier.
 sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256 consumer threads), then the TMA
-store issued by that consumer's first warp, which waits until the store has read shared memory.
+store issued by one elected lane of that consumer's first warp, which waits until the store has read shared memory.
 Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sP 8 KiB + sRed / sRows / barriers (Dqk 576: ~225 KiB of 227).
 
 Layouts. Dense: q [B,Sq,H,Dqk], kv [B,Skv,Dqk], idx int32 [B,Sq,K], topk_length int32 [B,Sq], sink fp32 [H],
@@ -317,10 +317,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         """out[row, 64 heads, 256 w : 256 w + 256] = bf16(O x inv): stmatrix into stage w of sO (the Q tile's bytes:
         every Q K^T of both consumers retired before SUM_BAR, and the Q TMA load completed before either consumer's
         first wait), fence for the async proxy, both consumers' 256 threads at OUT_BAR, then the TMA store of the
-        consumer's tile by its first warp, waited until it has read shared memory (the CTA may exit after that).
-        Known waste (PTX, 2026-12-04): the DSL puts no elect around this store, so all 32 lanes of that warp issue
-        the same 4 bulk stores (same bytes to the same place: correct, but 32x the store traffic); one elected
-        lane is the fix, to be measured on the H200 before it lands."""
+        consumer's tile by one elected lane of its first warp, which waits until the store has read shared memory
+        (the CTA may exit after that). The DSL puts no elect around this S2G copy itself (test_ptx checks ours)."""
         sOw = sO[None, None, w]
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), pv_mma)
         thr_r2s = r2s.get_slice(ctid % 128)
@@ -337,9 +335,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             gO = cute.local_tile(tO[None, None, batch], (HG, self.Dv // 2), (self.q_row(row, grp), w))
             tOs, tOg = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sOw, 0, 2),
                                              cute.group_modes(gO, 0, 2))
-            cute.copy(tma_o, tOs, tOg)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            with cute.arch.elect_one():                          # one lane issues, commits and waits
+                cute.copy(tma_o, tOs, tOg)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
