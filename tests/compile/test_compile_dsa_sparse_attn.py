@@ -48,8 +48,9 @@ def test_bwd_ptx(tmp_path):
             f"bwd.compile_variant((576, 512, 64, False, False, False, False))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    # per consumer code path: S (36) or dP (32), dq (4 or 5 chunks x 2), dkv^T (5 or 4 tiles: 4 + 4 where V exists)
-    assert text.count("wgmma.mma_async") == (36 + 4 * 2 + 4 * 8 + 4) + (32 + 5 * 2 + 4 * 8)
+    # consumer 0: S (36), dq chunks 0-4 (5 x 2), dkv^T chunks 5-8 (4 + 4 where V exists, chunk 8 has none);
+    # consumer 1: dP (32, twice: block 0 before the loop, block n + 1 inside), dq chunks 5-8 (4 x 2), dkv^T 0-4 (5 x 8)
+    assert text.count("wgmma.mma_async") == (36 + 5 * 2 + 3 * 8 + 4) + (2 * 32 + 4 * 2 + 5 * 8)
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 2
     assert text.count("red.relaxed.gpu.global.add.v4.f32") == (5 + 4) * 4      # 16 values a tile, 4 a request
     assert text.count("red.relaxed.gpu.global.add.f32") == 0

@@ -45,7 +45,7 @@ def fake_args(key):
     idx = fake_tensor(i32, lead + (None,), 1, 4)
     length = fake_tensor(i32, lead, 1, 4) if has_len else None
     sink = fake_tensor(f32, (H,), 1, 4) if has_sink else None
-    out = fake_tensor(bf, lead + (H, Dv), 1, 2)
+    out = fake_tensor(bf, lead + (H, Dv), 8, 16)     # TMA-compatible (SparseAttnCall): 16-byte loads of out
     dout = fake_tensor(bf, lead + (H, Dv), 8, 16)
     lse = fake_tensor(f32, lse_shape, 1, 4)
     dlse = fake_tensor(f32, lse_shape, 1, 4) if has_dlse else None

@@ -19,32 +19,38 @@ Tiling. One CTA = one query row and 64 heads (grid y = H / 64). Resident: Q (64 
 the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows) into one of two slots
 of NC = Dqk / 64 chunks of 32 x 64 (4 KiB).
 Consumer warpgroups:
-  - w = 0: S = Q K^T (m64 n32 k16, 9 x 4 k-steps), P (and Pn with dlse), then after DP_BAR dS from sdP, writes
-    sdS = bf16(c dS) and sP = bf16(P) (stmatrix, fence.proxy.async, DS_BAR);
-  - w = 1: dP = dout V^T (m64 n32 k16, 8 x 4 k-steps), written to sdP (fp32, in its accumulator order: w = 0 reads
-    the same (row, col) at the same index), DP_BAR, DS_BAR;
-  - both: dq chunks (w = 0: 0-3, w = 1: 4-8; accumulators 64 x 64 in registers over all blocks; A = sdS, B = the kv
-    chunk read MN-major) and dkv^T chunks (w = 0: 4-8, w = 1: 0-3; 64 columns x 32 keys: A = Q^T / dout^T read
-    MN-major from the resident tiles, B = sdS / sP read MN-major), the dkv tile added to global fp32 with
+  - w = 0: S = Q K^T (m64 n32 k16, 9 x 4 k-steps), P (and Pn with dlse), then, once sdP(n) is full (mbarrier), dS
+    from sdP, writes sdS = bf16(c dS) and sP = bf16(P) (stmatrix, fence.proxy.async, DS_BAR);
+  - w = 1: dP = dout V^T (m64 n32 k16, 8 x 4 k-steps) one block ahead: dP(n + 1) is issued before DS_BAR(n), so it
+    runs on the tensor pipe while w = 0 turns S(n) into dS(n); after DS_BAR(n) it goes to sdP (fp32, in its
+    accumulator order: w = 0 reads the same (row, col) at the same index) and each thread arrives on the sdP-full
+    mbarrier (dP(0) before the loop);
+  - both: dq chunks (w = 0: 0-4, w = 1: 5-8; accumulators 64 x 64 in registers over all blocks; A = sdS, B = the kv
+    chunk read MN-major) and dkv^T chunks (w = 0: 5-8, w = 1: 0-4; 64 columns x 32 keys: A = Q^T / dout^T read
+    MN-major from the resident tiles, B = sdS / sP read MN-major), each dkv tile added to global fp32 with
     red.global.add.v4.f32 (valid keys only; a 4 x 4 lane transpose first: ops/common/vector_red_sm90.py
-    transpose_quad); then the slot's chunks are released.
-Shared-memory handoffs: sdP written by w = 1, read by w = 0 after DP_BAR (256 threads); rewritten at the next block
-only after DS_BAR (which w = 0 passes after reading it). sdS / sP written by w = 0 (then fence.proxy.async), read by
-both warpgroups' wgmmas after DS_BAR; rewritten at the next block only after DP_BAR, which each warpgroup reaches
-after its wgmmas of this block retired (wait_group 0). sStat (Delta, lse+, lse, dlse) written by 64 threads before
-the loop, read after PRE_BAR. kv chunks: as the forward (full: 128 producer arrivals; empty: 256 consumer arrivals).
-sRows[n % 2] (slot validity and the dkv rows): as the forward's, written before chunk 0 of block n is published, read
-after its full barrier, rewritten only after both consumers released chunk 0 of block n.
+    transpose_quad) while the next tile's wgmmas run (two accumulators, wait_group 1); then the slot's chunks are
+    released.
+Shared-memory handoffs: sdP(n) written by w = 1 (generic stores), then its 128 arrivals on the sdP-full mbarrier
+(phase n % 2), read by w = 0 after waiting that phase; rewritten (n + 1) only after DS_BAR(n), which w = 0 passes after
+its reads. sdS / sP(n) written by w = 0 (then fence.proxy.async), read by both warpgroups' wgmmas after DS_BAR(n);
+rewritten (n + 1) only after w = 0's own wgmmas of block n retired (its wait_group 0) and, through DS_FREE (w = 1
+arrives after its wait_group 0 of block n, w = 0 syncs before its stores), after w = 1's. sStat (Delta, lse+, lse,
+dlse) written by 64 threads before the loop, read after PRE_BAR. kv chunks: as the forward (full: 128 producer
+arrivals; empty: 256 consumer arrivals; w = 1 waits block n + 1's full barriers early, the producer refills a slot
+only after both consumers released it). sRows[n % 2] (slot validity and the dkv rows): as the forward's, written
+before chunk 0 of block n is published, read after its full barrier, rewritten only after both consumers released
+chunk 0 of block n.
 Shared memory (Dqk 576): 72 + 64 + 72 + 4 + 4 + 8 KiB = 224 KiB of 227.
 
 Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, dkv fp32 [B,Skv,Dqk] / [Tkv,Dqk]
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: H200 2026-12-04: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean; Sq 4K, Skv 8K,
-top-k 2048, 576 / 512, H 64 with a sink: 14.69 ms (199 TFLOP/s; 15.82 in the same run with 2026-12-03's kernel, before
-the slot rows came from sRows instead of two index reloads a block and sdS / sP went by stmatrix) against cuDNN
-frontend's 6.80 ms (docs/performance.md, 2026-12-04).
+Status: H200 2026-12-04 17:00 UTC: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean;
+Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.80 ms (212 TFLOP/s; 14.67 in the same run with the kernel
+before dP ran a block ahead) against cuDNN frontend's 6.80 ms (docs/performance.md). The dkv reductions are the
+largest single cost: without them (a knockout) the same call takes 9.03 ms.
 """
 import math
 
@@ -69,8 +75,8 @@ BK = 32              # key slots per block
 DC = 64              # kv columns per chunk
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
-PRE_BAR, DP_BAR, DS_BAR = 3, 4, 5
-DQ_SPLIT = 4         # dq chunks [0, 4) on consumer 0, [4, NC) on consumer 1; dkv chunks the other way round
+PRE_BAR, DS_BAR, DS_FREE = 3, 5, 6
+DQ_SPLIT = 5         # dq chunks [0, 5) on consumer 0, [5, NC) on consumer 1; dkv chunks the other way round
 
 
 class SparseAttnBwdSm90(SlotRows, BlockGather):
@@ -136,6 +142,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            mbar_dp: cute.struct.MemRange[cutlass.Int64, 1]
             sStat: cute.struct.MemRange[Float32, 4 * HG]
             sRows: cute.struct.MemRange[Int32, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_l)], 1024]
@@ -220,7 +227,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                                          cute.group_modes(gQ, 0, 2))
         tdOs, tdOg = cpasync.tma_partition(tma_do, 0, cute.make_layout(1),
                                            cute.group_modes(sdO[None, None, 0], 0, 2), cute.group_modes(gdO, 0, 2))
-        pipe = self.gather_pipeline(st.mbar.data_ptr(), 256, q_bar, tidx)
+        dp_bar = st.mbar_dp.data_ptr()
+        if tidx == 0:
+            cute.arch.mbarrier_init(dp_bar, 128)     # sdP full: consumer 1's 128 threads arrive
+        pipe = self.gather_pipeline(st.mbar.data_ptr(), 256, q_bar, tidx)   # (its init fence and sync cover dp_bar)
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -242,7 +252,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             mma_s_acc.set(warpgroup.Field.ACCUMULATE, True)
             mma_dq.set(warpgroup.Field.ACCUMULATE, True)
             mma_dkv.set(warpgroup.Field.ACCUMULATE, True)
-            args = (pipe, q_bar, sv, mmas, mdKV, mdQ, mdSink, mSink, scale, ctid)
+            args = (pipe, (q_bar, dp_bar), sv, mmas, mdKV, mdQ, mdSink, mSink, scale, ctid)
             rest = (grp, batch, row, n_blk)
             if w == 0:      # one code path per consumer: its own register accumulators (4 or 5 dq chunks)
                 self.consume(*args, 0, *rest)
@@ -252,15 +262,21 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     @cute.jit
     def row_stats(self, sStat: cute.Tensor, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                   mSink: cute.Tensor, batch: Int32, row: Int32, grp: Int32, ctid: Int32):
-        """sStat[0, h] = Delta (4 lanes a head, 128 columns each, quad-summed), [1, h] = lse+ log2 e, [2, h] = lse
-        log2 e, [3, h] = dlse (0 without)."""
+        """sStat[0, h] = Delta (4 lanes a head, 16-byte loads side by side, quad-summed), [1, h] = lse+ log2 e,
+        [2, h] = lse log2 e, [3, h] = dlse (0 without)."""
         h0 = grp * HG
         h = ctid // 4
+        o_row = mO[self.vec_coord(batch, row, h0 + h, None)]
+        do_row = mdO[self.vec_coord(batch, row, h0 + h, None)]
+        ro = cute.make_rmem_tensor((PIECE,), self.dt)
+        rdo = cute.make_rmem_tensor((PIECE,), self.dt)
         part = Float32(0.0)
-        for i in cutlass.range(self.Dv // 4, unroll=8):
-            c = (ctid % 4) * (self.Dv // 4) + i
-            v = self.vec_coord(batch, row, h0 + h, c)
-            part = part + Float32(mO[v]) * Float32(mdO[v])
+        for i in cutlass.range_constexpr(self.Dv // (4 * PIECE)):     # 16-byte loads, 4 lanes side by side
+            j = i * 4 + ctid % 4
+            cute.autovec_copy(cute.local_tile(o_row, (PIECE,), (j,)), ro)
+            cute.autovec_copy(cute.local_tile(do_row, (PIECE,), (j,)), rdo)
+            for k in cutlass.range_constexpr(PIECE):
+                part = part + Float32(ro[k]) * Float32(rdo[k])
         part = quad_sum(part)
         if ctid % 4 == 0:
             sStat[0, h] = part
@@ -281,12 +297,12 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             sStat[3, ctid] = dl
 
     @cute.jit
-    def consume(self, pipe, q_bar, sv, mmas, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,
+    def consume(self, pipe, bars, sv, mmas, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,
                 w: cutlass.Constexpr,
                 grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
         sQ2, sQt, sdO2, sdOt, sK, sKt, sdS2, sdSt2, sP2, sPt2, sdP, sStat, sRows = sv
         mma_s, mma_s_acc, mma_dq, mma_dkv = mmas
-        NC, NV = self.NC, self.NV
+        NC = self.NC
         t = ctid % 128
         thr_s = mma_s.get_slice(t)
         thr_dq = mma_dq.get_slice(t)
@@ -315,10 +331,18 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         krow = cute.make_rmem_tensor((n_cols,), Int32)
         c2 = scale * Float32(LOG2E)
         kpc = DC // 16
+        q_bar, dp_bar = bars
         cute.arch.mbarrier_wait(q_bar, 0)
+        acc_dp = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))     # consumer 1: dP one block ahead
+        if cutlass.const_expr(w == 1):
+            if n_blk > 0:
+                self.issue_dp(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, Int32(0))
+                warpgroup.wait_group(0)
+                self.put_dp(acc_dp, sdP, dp_bar)
         for n in cutlass.range(n_blk, unroll=1):
-            acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
+            has_next = n + 1 < n_blk
             if cutlass.const_expr(w == 0):      # ---- S = Q K^T, P
+                acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
                 for c in cutlass.range_constexpr(NC):
                     s = self.state(n, c, False)
                     pipe.consumer_wait(s)
@@ -330,22 +354,16 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 for ci in cutlass.range_constexpr(n_cols):     # the producer's gathered rows (chunk 0 waited)
                     valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
                 warpgroup.wait_group(0)
-                pipeline.NamedBarrier(barrier_id=DP_BAR, num_threads=256).arrive_and_wait()   # sdP written
-                self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2, scale, t)
-            else:           # ---- dP = dout V^T
-                for c in cutlass.range_constexpr(NV):
-                    s = self.state(n, c, False)
-                    pipe.consumer_wait(s)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(kpc):
-                        cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc_s, tSrdO[None, None, c * kpc + kb],
-                                  tSrK[None, None, kb, s.index], acc_s)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    sdP[e * 128 + t] = acc_s[e]
-                pipeline.NamedBarrier(barrier_id=DP_BAR, num_threads=256).arrive_and_wait()
+                cute.arch.mbarrier_wait(dp_bar, n % 2)                 # sdP(n) written (consumer 1's arrivals)
+                self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2, scale, t, n)
+            else:           # ---- dP(n + 1) = dout V^T on the tensor pipe while consumer 0 turns block n's S into dS
+                if has_next:
+                    self.issue_dp(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n + 1)
             pipeline.NamedBarrier(barrier_id=DS_BAR, num_threads=256).arrive_and_wait()      # sdS, sP written
+            if cutlass.const_expr(w == 1):
+                if has_next:            # consumer 0 read sdP(n) before DS_BAR: sdP(n + 1) may go in now
+                    warpgroup.wait_group(0)                       # dP(n + 1) retired
+                    self.put_dp(acc_dp, sdP, dp_bar)
             # ---- dq (register accumulators over all blocks) and this block's dkv tiles
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_wait(self.state(n, c, False))       # (a completed phase: returns at once)
@@ -358,10 +376,17 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             for ci in cutlass.range_constexpr(n_cols):
                 krow[ci] = sRows[n % 2, k_id[0, ci][1]]          # the sequence's offset included
                 valid[ci] = krow[ci] >= 0
-            for i in cutlass.range_constexpr(n_kv):
-                self.dkv_tile(mma_dkv, thr_kv, tKrQt, tKrdOt, tKrdS, tKrP, k_id, valid, krow, mdKV, batch,
-                              i + (1 - w) * DQ_SPLIT)
+            acc_kv = [thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK))) for _ in range(2)]
+            for i in cutlass.range_constexpr(n_kv):           # tile i + 1 on the tensor pipe while tile i is added
+                self.issue_dkv(mma_dkv, acc_kv[i % 2], tKrQt, tKrdOt, tKrdS, tKrP, i + (1 - w) * DQ_SPLIT)
+                if cutlass.const_expr(i > 0):
+                    warpgroup.wait_group(1)
+                    self.add_dkv(acc_kv[(i - 1) % 2], k_id, valid, krow, mdKV, batch, i - 1 + (1 - w) * DQ_SPLIT)
             warpgroup.wait_group(0)
+            if cutlass.const_expr(w == 1):
+                if has_next:            # this consumer's last reads of sdS(n) / sP(n) retired: consumer 0 may rewrite
+                    pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive()
+            self.add_dkv(acc_kv[(n_kv - 1) % 2], k_id, valid, krow, mdKV, batch, n_kv - 1 + (1 - w) * DQ_SPLIT)
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.state(n, c, False))
 
@@ -384,7 +409,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
     @cute.jit
     def write_ds(self, acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2: Float32, scale: Float32,
-                 t: Int32):
+                 t: Int32, n: Int32):
         """Consumer 0: P (and Pn) from S, dS = P (dP - Delta) + dlse Pn, sdS = bf16(scale dS), sP = bf16(P) (by
         stmatrix); fenced for the async proxy, then DS_BAR is the caller's."""
         s_mn = acc_mn_view(acc_s)
@@ -411,6 +436,8 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 s_mn[r, ci] = p
         rdS = cute.make_rmem_tensor(acc_s.layout, self.dt)
         rdS.store(dP.load().to(self.dt))
+        if n > 0:           # consumer 1's wgmmas of block n - 1 (dq, dkv: they read sdS / sP) retired
+            pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive_and_wait()
         cute.copy(r2s, thr_r2s.retile(rdS), thr_r2s.partition_D(sdS2))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dt)
         rP.store(acc_s.load().to(self.dt))
@@ -418,11 +445,30 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's stores -> the wgmmas (async proxy)
 
     @cute.jit
-    def dkv_tile(self, mma_dkv, thr_kv, tKrQt, tKrdOt, tKrdS, tKrP, k_id, valid, krow, mdKV: cute.Tensor,
-                 batch: Int32, chunk: cutlass.Constexpr):
-        """dkv^T tile (64 columns of chunk x 32 keys) = Q^T dS (scale in dS) + dout^T P (chunks < NV), added to
-        global fp32 at the valid keys' rows."""
-        acc = thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK)))
+    def issue_dp(self, pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n: Int32):
+        """Consumer 1: dP(n) = dout V(n)^T (each chunk's full barrier waited), one committed group."""
+        for c in cutlass.range_constexpr(self.NV):
+            s = self.state(n, c, False)
+            pipe.consumer_wait(s)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(DC // 16):
+                cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc_dp, tSrdO[None, None, c * (DC // 16) + kb],
+                          tSrK[None, None, kb, s.index], acc_dp)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def put_dp(self, acc_dp, sdP: cute.Tensor, dp_bar):
+        """Consumer 1: the retired dP tile to sdP (fp32, accumulator order: consumer 0 reads the same (row, col) at
+        the same index), then each thread's arrival on the sdP-full mbarrier (consumer 0 waits on it)."""
+        t = cute.arch.thread_idx()[0] % 128
+        for e in cutlass.range_constexpr(cute.size(acc_dp)):
+            sdP[e * 128 + t] = acc_dp[e]
+        cute.arch.mbarrier_arrive(dp_bar)
+
+    @cute.jit
+    def issue_dkv(self, mma_dkv, acc, tKrQt, tKrdOt, tKrdS, tKrP, chunk: cutlass.Constexpr):
+        """dkv^T tile (64 columns of chunk x 32 keys) = Q^T dS (scale in dS) + dout^T P (chunks < NV): one
+        committed group."""
         acc.fill(0.0)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(HG // 16):
@@ -431,7 +477,11 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             for kb in cutlass.range_constexpr(HG // 16):
                 cute.gemm(mma_dkv, acc, tKrdOt[None, None, kb, chunk], tKrP[None, None, kb], acc)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+
+    @cute.jit
+    def add_dkv(self, acc, k_id, valid, krow, mdKV: cute.Tensor, batch: Int32, chunk: cutlass.Constexpr):
+        """The retired dkv^T tile added to global fp32 at the valid keys' rows (v4 reductions after a 4 x 4 lane
+        transpose)."""
         a_mn = acc_mn_view(acc)
         sub = (cute.arch.lane_idx() >> 2) & 3       # this lane's place in its quad of consecutive columns
         for r in cutlass.range_constexpr(2):
