@@ -29,7 +29,8 @@ Consumer warpgroups:
     chunk read MN-major) and dkv^T chunks (w = 0: 5-8, w = 1: 0-4; 64 columns x 32 keys: A = Q^T / dout^T read
     MN-major from the resident tiles, B = sdS / sP read MN-major), each dkv tile added to global fp32 with
     red.global.add.v4.f32 (valid keys only; a 4 x 4 lane transpose first: ops/common/vector_red_sm90.py
-    transpose_quad) while the next tile's wgmmas run (two accumulators, wait_group 1); then the slot's chunks are
+    transpose_quad; one tile at a time: a second accumulator to overlap them measured no faster on the H200 and
+    made ptxas serialize the wgmmas of the topk_length variants for want of registers); then the slot's chunks are
     released.
 Shared-memory handoffs: sdP(n) written by w = 1 (generic stores), then its 128 arrivals on the sdP-full mbarrier
 (phase n % 2), read by w = 0 after waiting that phase; rewritten (n + 1) only after DS_BAR(n), which w = 0 passes after
@@ -376,17 +377,14 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             for ci in cutlass.range_constexpr(n_cols):
                 krow[ci] = sRows[n % 2, k_id[0, ci][1]]          # the sequence's offset included
                 valid[ci] = krow[ci] >= 0
-            acc_kv = [thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK))) for _ in range(2)]
-            for i in cutlass.range_constexpr(n_kv):           # tile i + 1 on the tensor pipe while tile i is added
-                self.issue_dkv(mma_dkv, acc_kv[i % 2], tKrQt, tKrdOt, tKrdS, tKrP, i + (1 - w) * DQ_SPLIT)
-                if cutlass.const_expr(i > 0):
-                    warpgroup.wait_group(1)
-                    self.add_dkv(acc_kv[(i - 1) % 2], k_id, valid, krow, mdKV, batch, i - 1 + (1 - w) * DQ_SPLIT)
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(w == 1):
-                if has_next:            # this consumer's last reads of sdS(n) / sP(n) retired: consumer 0 may rewrite
-                    pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive()
-            self.add_dkv(acc_kv[(n_kv - 1) % 2], k_id, valid, krow, mdKV, batch, n_kv - 1 + (1 - w) * DQ_SPLIT)
+            acc_kv = thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK)))
+            for i in cutlass.range_constexpr(n_kv):
+                self.issue_dkv(mma_dkv, acc_kv, tKrQt, tKrdOt, tKrdS, tKrP, i + (1 - w) * DQ_SPLIT)
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(w == 1 and i == n_kv - 1):
+                    if has_next:        # this consumer's last reads of sdS(n) / sP(n) retired: consumer 0 may rewrite
+                        pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive()
+                self.add_dkv(acc_kv, k_id, valid, krow, mdKV, batch, i + (1 - w) * DQ_SPLIT)
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.state(n, c, False))
 
