@@ -48,10 +48,10 @@ Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, 
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: H200 2026-12-04 17:00 UTC: tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck clean;
-Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.80 ms (212 TFLOP/s; 14.67 in the same run with the kernel
-before dP ran a block ahead) against cuDNN frontend's 6.80 ms (docs/performance.md). The dkv reductions are the
-largest single cost: without them (a knockout) the same call takes 9.03 ms.
+Status: H200 2026-12-04 (16:40-16:50 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck
+clean; Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.79 ms (212 TFLOP/s; 14.77 in an A/B run with the
+kernel before dP ran a block ahead) against cuDNN frontend's 6.36 ms in the same run (docs/performance.md). The dkv
+reductions are the largest single cost: without them (a knockout) the same call takes 9.13 ms.
 """
 import math
 
