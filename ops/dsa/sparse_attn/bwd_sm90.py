@@ -48,7 +48,7 @@ Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, 
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: H200 2026-12-04 (16:40-16:50 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck
+Status: H200 2026-12-04 (16:35-16:47 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck
 clean; Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.79 ms (212 TFLOP/s; 14.77 in an A/B run with the
 kernel before dP ran a block ahead) against cuDNN frontend's 6.36 ms in the same run (docs/performance.md). The dkv
 reductions are the largest single cost: without them (a knockout) the same call takes 9.13 ms.
