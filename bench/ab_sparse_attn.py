@@ -1,0 +1,197 @@
+"""Same-run A/B of the sparse MLA attention kernels (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py): a base
+revision's kernel file against the working tree's on the same inputs, outputs compared, plus knockouts of the working
+tree's kernel that show where its time goes. A knockout computes wrong numbers by design: only its time means anything.
+
+Knockouts (subclasses of the working tree's kernel, defined here):
+  nogather  the producer acquires and publishes every chunk (and the slot rows) but moves no kv data: the time
+            without the gather's memory traffic;
+  nored     (backward) every dkv reduction skipped behind a runtime test that never holds (the data flow to it
+            kept): the time without the fp32 red.global traffic.
+
+Run (the base file must travel with the working tree, so it is written next to the current kernels, untracked):
+  python bench/ab_sparse_attn.py --prepare REV      here: ops/dsa/sparse_attn/_ab_base_{fwd,bwd}_sm90.py from REV
+  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--knockouts nogather nored] [--iters N]   on the device
+  python bench/ab_sparse_attn.py --check            here (no GPU): the knockout variants compile for sm_90a
+  python bench/ab_sparse_attn.py --clean            here: remove the base files
+Shape: B 1, Sq 4096, Skv 8192, top-k 2048 (uniform random indices), Dqk 576, Dv 512; the backward with a sink.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Int32  # noqa: E402
+
+from ops.common import gather_sm90  # noqa: E402
+from ops.common.softmax import acc_mn_view  # noqa: E402
+from ops.common.vector_red_sm90 import red_add_v4, transpose_quad  # noqa: E402
+from ops.dsa.sparse_attn import bwd, bwd_sm90, fwd, fwd_sm90  # noqa: E402
+
+PKG = os.path.join(ROOT, "ops", "dsa", "sparse_attn")
+BASE = {"fwd": "_ab_base_fwd_sm90", "bwd": "_ab_base_bwd_sm90"}
+
+
+class NoGather:
+    """Mixin: BlockGather.produce without the copies (acquire, slot rows, empty commit groups, publish)."""
+
+    @cute.jit
+    def produce(self, pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows=None):
+        NC, lag = self.NC, self.gather_lag()
+        raw = cute.make_rmem_tensor((self.pieces,), Int32)
+        rows = cute.make_rmem_tensor((self.pieces,), Int32)
+        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
+        for n in cutlass.range(n_blk, unroll=1):
+            for p in cutlass.range_constexpr(self.pieces):
+                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
+            for c in cutlass.range_constexpr(NC):
+                st = self.state(n, c, True)
+                pipe.producer_acquire(st)
+                if cutlass.const_expr(c == 0 and sRows is not None):
+                    self.publish_rows(sRows, rows, n, tidx)
+                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(c >= lag):
+                    gather_sm90.publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
+            for j in cutlass.range_constexpr(lag):
+                gather_sm90.publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
+
+
+class NoRed:
+    """Mixin for the backward: add_dkv with every reduction behind `krow == -7` (never true for a valid slot)."""
+
+    @cute.jit
+    def add_dkv(self, acc, k_id, valid, krow, mdKV, batch, chunk: cutlass.Constexpr):
+        a_mn = acc_mn_view(acc)
+        sub = (cute.arch.lane_idx() >> 2) & 3
+        for r in cutlass.range_constexpr(2):
+            col = chunk * bwd_sm90.DC + k_id[r, 0][0] - sub
+            for g in cutlass.range_constexpr(cute.size(a_mn, mode=[1]) // 4):
+                y0, y1, y2, y3 = transpose_quad(a_mn[r, 4 * g], a_mn[r, 4 * g + 1], a_mn[r, 4 * g + 2],
+                                                a_mn[r, 4 * g + 3], sub)
+                if krow[4 * g] == Int32(-7):
+                    red_add_v4(mdKV.iterator + cute.crd2idx((krow[4 * g], col, batch), mdKV.layout), y0, y1, y2, y3)
+
+
+def variants(kind, knockouts):
+    """[(name, kernel class)]: the base revision's (when prepared), the working tree's, then the knockouts."""
+    mod, cls_name = (fwd_sm90, "SparseAttnFwdSm90") if kind == "fwd" else (bwd_sm90, "SparseAttnBwdSm90")
+    cur = getattr(mod, cls_name)
+    out = []
+    if os.path.exists(os.path.join(PKG, BASE[kind] + ".py")):
+        base = __import__(f"ops.dsa.sparse_attn.{BASE[kind]}", fromlist=[cls_name])
+        out.append(("base", getattr(base, cls_name)))
+    out.append(("current", cur))
+    mixins = {"nogather": NoGather, "nored": NoRed}
+    for k in knockouts:
+        if k == "nored" and kind == "fwd":
+            continue
+        out.append((f"current-{k}", type(f"{cls_name}_{k}", (mixins[k], cur), {})))
+    return out
+
+
+def prepare(rev):
+    for kind, name in BASE.items():
+        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ops/dsa/sparse_attn/{kind}_sm90.py"], check=True,
+                             capture_output=True, text=True).stdout
+        with open(os.path.join(PKG, name + ".py"), "w") as fh:
+            fh.write(f"# ab_sparse_attn.py --prepare {rev}: the base kernel (untracked; --clean removes it)\n" + src)
+        print(f"wrote ops/dsa/sparse_attn/{name}.py from {rev}")
+
+
+def clean():
+    for name in BASE.values():
+        p = os.path.join(PKG, name + ".py")
+        if os.path.exists(p):
+            os.remove(p)
+            print(f"removed {os.path.relpath(p, ROOT)}")
+
+
+def check():
+    """Compile every knockout variant for sm_90a (CPU): a knockout that no longer fits the kernel fails here."""
+    from ops.common.tensors import COMPILE_OPTIONS
+    for kind, module, key in (("fwd", fwd, fwd.variant_key(576, 512, 128, False, False, False)),
+                              ("bwd", bwd, bwd.variant_key(576, 512, 64, False, False, True, False))):
+        for name, cls in variants(kind, ["nogather", "nored"]):
+            assert cute.compile(cls(*key), *module.fake_args(key), options=COMPILE_OPTIONS) is not None
+            print(f"{kind} {name}: compiled")
+
+
+def run(a):
+    import torch
+    from timing import device_time
+    st = torch.cuda.current_stream().cuda_stream
+    Sq, Skv, K, D, dv = 4096, 8192, 2048, 576, 512
+    kind = "bwd" if a.bwd else "fwd"
+    module, holder = (bwd, bwd_sm90) if a.bwd else (fwd, fwd_sm90)
+    attr = "SparseAttnBwdSm90" if a.bwd else "SparseAttnFwdSm90"
+    cur = getattr(holder, attr)
+    for H in a.heads:
+        g = torch.Generator(device="cuda").manual_seed(H)
+        q = torch.randn(1, Sq, H, D, device="cuda", generator=g).bfloat16()
+        kv = torch.randn(1, Skv, D, device="cuda", generator=g).bfloat16()
+        idx = torch.randint(0, Skv, (1, Sq, K), device="cuda", dtype=torch.int32, generator=g)
+        sink = torch.randn(H, device="cuda", generator=g)
+        out = torch.empty(1, Sq, H, dv, device="cuda", dtype=torch.bfloat16)
+        lse = torch.empty(1, H, Sq, device="cuda")
+        scale = D ** -0.5
+        flops = 2 * Sq * K * H * (D + dv) * (2.5 if a.bwd else 1.0)
+        if a.bwd:
+            fwd.sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=scale, attn_sink=sink, stream=st)
+            dout = torch.randn(out.shape, device="cuda", generator=g).bfloat16()
+        res = {}
+        for name, cls in variants(kind, a.knockouts):
+            setattr(holder, attr, cls)
+            module._CACHE.clear()
+            if a.bwd:
+                dq, dkv = torch.full_like(q, float("nan")), torch.empty(kv.shape, device="cuda")
+                dsr = torch.full((1, Sq, H), float("nan"), device="cuda")
+                outs = (dq, dkv, dsr)
+                call = lambda: bwd.sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv,  # noqa: E731
+                                                   softmax_scale=scale, attn_sink=sink, d_sink_rows=dsr, stream=st)
+            else:
+                o, l_ = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+                outs = (o, l_)
+                call = lambda: fwd.sparse_attn_fwd(q, kv, idx, o, l_, softmax_scale=scale, stream=st)  # noqa: E731
+            t, _ = device_time(call, a.iters)
+            res[name] = [x.float().clone() for x in outs]
+            print(f"{kind} H{H} {name:18s} {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s", flush=True)
+        setattr(holder, attr, cur)
+        if "base" in res:
+            names = ("dq", "dkv", "d_sink_rows") if a.bwd else ("out", "lse")
+            diffs = []
+            for n, x, y in zip(names, res["base"], res["current"]):
+                d = (x - y).abs().nan_to_num(float("inf")).max().item()
+                diffs.append(f"max|{n} base - current| {d:.3e} (|{n}| max {x.abs().max().item():.2e}, "
+                             f"NaN in current: {bool(y.isnan().any())})")
+            print("  " + "; ".join(diffs), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prepare", metavar="REV")
+    p.add_argument("--clean", action="store_true")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--bwd", action="store_true")
+    p.add_argument("--heads", nargs="*", type=int, default=[128])
+    p.add_argument("--knockouts", nargs="*", default=[], choices=["nogather", "nored"])
+    p.add_argument("--iters", type=int, default=10)
+    a = p.parse_args()
+    if a.prepare:
+        prepare(a.prepare)
+    elif a.clean:
+        clean()
+    elif a.check:
+        check()
+    else:
+        run(a)
+
+
+if __name__ == "__main__":
+    main()
