@@ -41,7 +41,7 @@ setup(
     install_requires=["numpy", DSL, TVM_FFI],
     extras_require={
         "cu13": [DSL_CU13],
-        "test": ["pytest>=7", "paddlepaddle==3.3.1", DSL_CU13],
+        "test": ["pytest>=7", "pytest-xdist>=3", "paddlepaddle==3.3.1", DSL_CU13],
         "paddle-3.3": ["paddlepaddle==3.3.1"],
         "paddle-3.0": ["paddlepaddle==3.0.0"],
         "paddle-3.2": ["paddlepaddle==3.2.2"],
