@@ -30,7 +30,6 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32  # noqa: E402
 
-from ops.common import gather_sm90  # noqa: E402
 from ops.common.softmax import acc_mn_view  # noqa: E402
 from ops.common.vector_red_sm90 import red_add_v4, transpose_quad  # noqa: E402
 from ops.dsa.sparse_attn import bwd, bwd_sm90, fwd, fwd_sm90  # noqa: E402
@@ -40,28 +39,10 @@ BASE = {"fwd": "_ab_base_fwd_sm90", "bwd": "_ab_base_bwd_sm90"}
 
 
 class NoGather:
-    """Mixin: BlockGather.produce without the copies (acquire, slot rows, empty commit groups, publish)."""
+    """Mixin: the producer keeps its protocol (acquire, slot rows, commit, publish) and moves no kv data
+    (gather_sm90.BlockGather.MOVE_DATA)."""
 
-    @cute.jit
-    def produce(self, pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows=None):
-        NC, lag = self.NC, self.gather_lag()
-        raw = cute.make_rmem_tensor((self.pieces,), Int32)
-        rows = cute.make_rmem_tensor((self.pieces,), Int32)
-        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-        for n in cutlass.range(n_blk, unroll=1):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
-            for c in cutlass.range_constexpr(NC):
-                st = self.state(n, c, True)
-                pipe.producer_acquire(st)
-                if cutlass.const_expr(c == 0 and sRows is not None):
-                    self.publish_rows(sRows, rows, n, tidx)
-                cute.arch.cp_async_commit_group()
-                if cutlass.const_expr(c >= lag):
-                    gather_sm90.publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
-            for j in cutlass.range_constexpr(lag):
-                gather_sm90.publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
+    MOVE_DATA = False
 
 
 class NoRed:

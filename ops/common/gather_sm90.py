@@ -56,7 +56,11 @@ class BlockGather:
     of loading the indices again. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a
     block), self.stages (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state),
     gather_dst(sK, r, col, index) (the 8-element shared-memory slice of row r, column piece col, in the stage of
-    pipeline index `index`) and idx_coord(batch, row, j)."""
+    pipeline index `index`) and idx_coord(batch, row, j). MOVE_DATA = False (a diagnosis knob, never set by a kernel:
+    bench/ab_sparse_attn.py's nogather knockout) keeps the protocol (acquire, slot rows, commit, publish) and moves
+    no data, so the consumers read stale chunks: only the time means anything."""
+
+    MOVE_DATA = True
 
     @cute.jit
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
@@ -78,7 +82,7 @@ class BlockGather:
                 pipe.producer_acquire(st)
                 if cutlass.const_expr(c == 0 and sRows is not None):
                     self.publish_rows(sRows, rows, n, tidx)
-                for p in cutlass.range_constexpr(self.pieces):
+                for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
                     dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row, st.index)
                     if rows[p] >= 0:
                         src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
