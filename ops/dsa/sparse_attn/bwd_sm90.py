@@ -331,27 +331,19 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
         krow = cute.make_rmem_tensor((n_cols,), Int32)
         c2 = scale * Float32(LOG2E)
-        kpc = DC // 16
         q_bar, dp_bar = bars
         cute.arch.mbarrier_wait(q_bar, 0)
         acc_dp = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))     # consumer 1: dP one block ahead
         if cutlass.const_expr(w == 1):
             if n_blk > 0:
-                self.issue_dp(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, Int32(0))
+                self.issue_rows(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, Int32(0), self.NV)
                 warpgroup.wait_group(0)
                 self.put_dp(acc_dp, sdP, dp_bar)
         for n in cutlass.range(n_blk, unroll=1):
             has_next = n + 1 < n_blk
             if cutlass.const_expr(w == 0):      # ---- S = Q K^T, P
                 acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
-                for c in cutlass.range_constexpr(NC):
-                    s = self.state(n, c, False)
-                    pipe.consumer_wait(s)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(kpc):
-                        cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc_s, tSrQ[None, None, c * kpc + kb],
-                                  tSrK[None, None, kb, s.index], acc_s)
-                warpgroup.commit_group()
+                self.issue_rows(pipe, mma_s, mma_s_acc, acc_s, tSrQ, tSrK, n, NC)
                 for ci in cutlass.range_constexpr(n_cols):     # the producer's gathered rows (chunk 0 waited)
                     valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
                 warpgroup.wait_group(0)
@@ -359,7 +351,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2, scale, t, n)
             else:           # ---- dP(n + 1) = dout V^T on the tensor pipe while consumer 0 turns block n's S into dS
                 if has_next:
-                    self.issue_dp(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n + 1)
+                    self.issue_rows(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n + 1, self.NV)
             pipeline.NamedBarrier(barrier_id=DS_BAR, num_threads=256).arrive_and_wait()      # sdS, sP written
             if cutlass.const_expr(w == 1):
                 if has_next:            # consumer 0 read sdP(n) before DS_BAR: sdP(n + 1) may go in now
@@ -443,15 +435,16 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's stores -> the wgmmas (async proxy)
 
     @cute.jit
-    def issue_dp(self, pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n: Int32):
-        """Consumer 1: dP(n) = dout V(n)^T (each chunk's full barrier waited), one committed group."""
-        for c in cutlass.range_constexpr(self.NV):
+    def issue_rows(self, pipe, mma_s, mma_s_acc, acc, tA, tSrK, n: Int32, n_chunks: cutlass.Constexpr):
+        """acc = A K(n)^T over the first n_chunks chunks of block n (S = Q K^T: Dqk / 64 chunks, consumer 0; dP =
+        dout V^T: Dv / 64, consumer 1), each chunk's full barrier waited; one committed group."""
+        for c in cutlass.range_constexpr(n_chunks):
             s = self.state(n, c, False)
             pipe.consumer_wait(s)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(DC // 16):
-                cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc_dp, tSrdO[None, None, c * (DC // 16) + kb],
-                          tSrK[None, None, kb, s.index], acc_dp)
+                cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc, tA[None, None, c * (DC // 16) + kb],
+                          tSrK[None, None, kb, s.index], acc)
         warpgroup.commit_group()
 
     @cute.jit
