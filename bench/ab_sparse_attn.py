@@ -6,8 +6,7 @@ Knockouts (subclasses of the working tree's kernel, defined here):
   nogather  the producer acquires and publishes every chunk (and the slot rows) but moves no kv data: the time
             without the gather's memory traffic;
   nored     (backward) every dkv reduction skipped (red.global behind a runtime test that never holds, the data
-            flow to it kept; or, in the bulk-reduction form, no bulk reduction issued): the time without the dkv
-            reduction traffic.
+            flow to it kept): the time without the dkv reduction traffic.
 
 Run (the base file must travel with the working tree, so it is written next to the current kernels, untracked):
   python bench/ab_sparse_attn.py --prepare REV      here: ops/dsa/sparse_attn/_ab_base_{fwd,bwd}_sm90.py from REV
@@ -47,12 +46,7 @@ class NoGather:
 
 class NoRed:
     """Mixin for the backward: add_dkv (reductions from registers) with every reduction behind `krow == -7` (never
-    true for a valid slot); reduce_rows (the bulk-reduction form of branch wip/sparse-attn-bwd-bulk-reduce) issuing no
-    bulk reduction but closing its bulk group. Whichever of the two the kernel calls is knocked out."""
-
-    @cute.jit
-    def reduce_rows(self, buf, sRows, mdKV, batch, n, chunk: cutlass.Constexpr, lane):
-        cute.arch.cp_async_bulk_commit_group()
+    true for a valid slot)."""
 
     @cute.jit
     def add_dkv(self, acc, k_id, valid, krow, mdKV, batch, chunk: cutlass.Constexpr):

@@ -8,20 +8,24 @@ carries four adds.
 
 A wgmma accumulator (m64 nN) gives each thread, per row r in {0, 1} (row lane / 4 + 8 r of its warp's 16), column
 pairs (lane % 4) * 2 + {0, 1} + 8 j. Two shapes reach four consecutive global columns:
-  - pair_rows: the tile's rows are global rows and its columns global columns (d_index_k: keys x columns). Lanes
-    lane and lane ^ 1 swap one column pair: the even lane then holds row 0's four columns 8 j + 2 (lane % 4) + 0..3,
-    the odd lane row 1's 8 j + 2 (lane % 4 - 1) + 0..3. Two shuffles per four values.
-  - transpose_quad: the tile is transposed (dkv^T: columns x keys). The four lanes lane / 4 = 4 g + 0..3 (lane bits 2
-    and 3) hold four consecutive global columns of the same keys; a 4 x 4 transpose across them (two butterfly
-    stages) leaves lane sub = (lane / 4) % 4 with key `sub` of the four it started with, at those four columns. Four
-    shuffles per four values.
+  - transpose_quad: the tile is transposed (dkv^T: columns x keys; a warp holds 16 columns). Fed, per column pair j,
+    the thread's values (r, e) (columns m and m + 8 of keys 2 (lane % 4) + e + 8 j), a 4 x 4 transpose across the
+    lanes m = 4 m2 + 0..3 (lane bits 2, 3) leaves the lane key e = m0 at the four columns 4 m2 + 8 m1 + 0..3: one
+    instruction of the warp adds 64 bytes to each of 8 keys. Four shuffles per four values.
+  - line_rows (keys x columns, W = 128): per 32-column line of the tile, two lane-bit swaps (lane bit 0 with the
+    column pair's bit j0, lane bit 2 with j1) leave each lane four consecutive columns of one of four rows, so one
+    instruction of the warp adds a whole 128-byte line to each of 4 rows.
+Why the layout of a warp instruction matters (H200, bench/red_lines.py, 2026-12-04, 18.9 MB fp32 buffer, random
+rows): the L2 takes 106 / 155 / 206 / 246 G v4 requests/s when one instruction adds 16 / 32 / 64 / 128 contiguous
+bytes a row (32 / 16 / 8 / 4 rows); wider runs gain nothing more. The first forms (a lane-pair swap for d_index_k, the
+quad transpose fed per row for dkv) gave 32 bytes a row.
 Every lane of the warp must take part (the calls sit outside any per-lane condition); the reductions are then
 issued under the lane's own validity test. The global address must be 16-byte aligned: the seams require the
 buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32
+from cutlass import Float32, Int32
 
 
 @cute.jit
@@ -32,33 +36,37 @@ def red_add_v4(ptr, x0: Float32, x1: Float32, x2: Float32, x3: Float32):
     cute.arch.red(ptr, v.load(), op="add", dtype=Float32, sem="relaxed", scope="gpu")
 
 
-@cute.jit
-def pair_rows(a0: Float32, a1: Float32, b0: Float32, b1: Float32, odd: Boolean):
-    """Row 0's pair (a0, a1) and row 1's pair (b0, b1) at columns c, c + 1 (c = 8 j + 2 (lane % 4)) -> the four
-    values this lane adds: row 0 at columns c .. c + 3 (even lane), row 1 at c - 2 .. c + 1 (odd lane)."""
-    s0 = Float32(cutlass.select_(odd, a0, b0))      # the pair the partner keeps
-    s1 = Float32(cutlass.select_(odd, a1, b1))
-    r0 = cute.arch.shuffle_sync_bfly(s0, offset=1)
-    r1 = cute.arch.shuffle_sync_bfly(s1, offset=1)
-    y0 = Float32(cutlass.select_(odd, r0, a0))
-    y1 = Float32(cutlass.select_(odd, r1, a1))
-    y2 = Float32(cutlass.select_(odd, b0, r0))
-    y3 = Float32(cutlass.select_(odd, b1, r1))
-    return y0, y1, y2, y3
+def swap_lane_bit(v, hi, offset: int, vmask: int):
+    """Swap a lane bit with a value-index bit: v (a list of Float32, its length a multiple of 2 vmask) is element
+    (lane bit, value bit) of the lanes lane and lane ^ offset (hi: this lane's bit); afterwards this lane holds the
+    elements whose value bit equalled its lane bit, at value index bit = the old lane bit. One shuffle per two
+    values; a plain function (traced inline), every lane must call it."""
+    pairs = [(i, i | vmask) for i in range(len(v)) if i & vmask == 0]
+    got = [cute.arch.shuffle_sync_bfly(Float32(cutlass.select_(hi, v[i], v[j])), offset=offset) for i, j in pairs]
+    out = list(v)
+    for (i, j), r in zip(pairs, got):
+        out[i] = Float32(cutlass.select_(hi, r, v[i]))
+    for (i, j), r in zip(pairs, got):
+        out[j] = Float32(cutlass.select_(hi, v[j], r))
+    return out
 
 
 @cute.jit
 def transpose_quad(x0: Float32, x1: Float32, x2: Float32, x3: Float32, sub: Int32):
     """x_i = element (sub, i) of a 4 x 4 matrix spread over the lanes sub = (lane >> 2) & 3 -> element (i, sub):
-    the lane then holds key `sub` (of the four it held) at the four consecutive columns of the quad."""
-    hi = (sub & 2) != 0                 # stage 1 (lane ^ 8): swap the off-diagonal 2 x 2 blocks
-    r0 = cute.arch.shuffle_sync_bfly(Float32(cutlass.select_(hi, x0, x2)), offset=8)
-    r1 = cute.arch.shuffle_sync_bfly(Float32(cutlass.select_(hi, x1, x3)), offset=8)
-    x0, x1 = Float32(cutlass.select_(hi, r0, x0)), Float32(cutlass.select_(hi, r1, x1))
-    x2, x3 = Float32(cutlass.select_(hi, x2, r0)), Float32(cutlass.select_(hi, x3, r1))
-    lo = (sub & 1) != 0                 # stage 2 (lane ^ 4): transpose each 2 x 2 block
-    r0 = cute.arch.shuffle_sync_bfly(Float32(cutlass.select_(lo, x0, x1)), offset=4)
-    r1 = cute.arch.shuffle_sync_bfly(Float32(cutlass.select_(lo, x2, x3)), offset=4)
-    x0, x2 = Float32(cutlass.select_(lo, r0, x0)), Float32(cutlass.select_(lo, r1, x2))
-    x1, x3 = Float32(cutlass.select_(lo, x1, r0)), Float32(cutlass.select_(lo, x3, r1))
-    return x0, x1, x2, x3
+    the lane then holds, at index i, what lane sub' = i held at index sub (stages: lane ^ 8 with index bit 1, then
+    lane ^ 4 with index bit 0)."""
+    y = swap_lane_bit([x0, x1, x2, x3], (sub & 2) != 0, 8, 2)
+    y = swap_lane_bit(y, (sub & 1) != 0, 4, 1)
+    return y[0], y[1], y[2], y[3]
+
+
+def line_rows(v, lane):
+    """One 32-column line of a (keys x columns) accumulator tile: v[r * 8 + j1 * 4 + j0 * 2 + e] = row r's column
+    8 (2 j1 + j0) + 2 (lane % 4) + e of the line (the m64 accumulator's pairs of its 4 column groups). Returns the
+    list w with w[r * 8 + b * 4 + i] = column 16 ((lane >> 2) & 1) + 8 (lane & 1) + 4 ((lane >> 1) & 1) + i of row
+    (lane >> 2 with bit 0 replaced by b) + 8 r: the lane adds four consecutive columns to 4 rows (r, b), and each of
+    the warp's instructions (r, b) covers 4 rows x 128 bytes. Row b's key comes from lane ^ 4 when b differs from
+    this lane's bit 2 (the caller exchanges the row indices)."""
+    w = swap_lane_bit(v, (lane & 1) != 0, 1, 2)
+    return swap_lane_bit(w, ((lane >> 2) & 1) != 0, 4, 4)
