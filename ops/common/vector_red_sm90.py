@@ -8,17 +8,19 @@ carries four adds.
 
 A wgmma accumulator (m64 nN) gives each thread, per row r in {0, 1} (row lane / 4 + 8 r of its warp's 16), column
 pairs (lane % 4) * 2 + {0, 1} + 8 j. Two shapes reach four consecutive global columns:
-  - transpose_quad: the tile is transposed (dkv^T: columns x keys; a warp holds 16 columns). Fed, per column pair j,
-    the thread's values (r, e) (columns m and m + 8 of keys 2 (lane % 4) + e + 8 j), a 4 x 4 transpose across the
-    lanes m = 4 m2 + 0..3 (lane bits 2, 3) leaves the lane key e = m0 at the four columns 4 m2 + 8 m1 + 0..3: one
-    instruction of the warp adds 64 bytes to each of 8 keys. Four shuffles per four values.
+  - transpose_quad: the tile is transposed (dkv^T: columns x keys; a warp holds 16 columns). The sparse attention
+    backward feeds it, per row r, four slots' values of the column m + 8 r; the 4 x 4 transpose across the lanes
+    m = 4 m2 + 0..3 (lane bits 2, 3) leaves each lane one slot at four consecutive columns, so one instruction of the
+    warp adds 32 bytes to each of 16 keys. Four shuffles per four values. (Fed the thread's (r, e) values of a column
+    pair instead, it gives 8 keys x 64 bytes an instruction: measured slower there on 2026-12-04, 14.26 vs 13.84 ms,
+    that kernel being bound by L1/TEX, not by the L2.)
   - line_rows (keys x columns, W = 128): per 32-column line of the tile, two lane-bit swaps (lane bit 0 with the
     column pair's bit j0, lane bit 2 with j1) leave each lane four consecutive columns of one of four rows, so one
     instruction of the warp adds a whole 128-byte line to each of 4 rows.
 Why the layout of a warp instruction matters (H200, bench/red_lines.py, 2026-12-04, 18.9 MB fp32 buffer, random
 rows): the L2 takes 106 / 155 / 206 / 246 G v4 requests/s when one instruction adds 16 / 32 / 64 / 128 contiguous
-bytes a row (32 / 16 / 8 / 4 rows); wider runs gain nothing more. The first forms (a lane-pair swap for d_index_k, the
-quad transpose fed per row for dkv) gave 32 bytes a row.
+bytes a row (32 / 16 / 8 / 4 rows); wider runs gain nothing more. The first form for d_index_k (a lane-pair swap)
+gave 32 bytes a row; line_rows replaced it.
 Every lane of the warp must take part (the calls sit outside any per-lane condition); the reductions are then
 issued under the lane's own validity test. The global address must be 16-byte aligned: the seams require the
 buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
