@@ -30,7 +30,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32  # noqa: E402
 
 from ops.common.softmax import acc_mn_view  # noqa: E402
-from ops.common.vector_red_sm90 import red_add_v4, transpose_quad  # noqa: E402
+from ops.common.vector_red_sm90 import red_tile_lines  # noqa: E402
 from ops.dsa.sparse_attn import bwd, bwd_sm90, fwd, fwd_sm90  # noqa: E402
 
 PKG = os.path.join(ROOT, "ops", "dsa", "sparse_attn")
@@ -45,20 +45,16 @@ class NoGather:
 
 
 class NoRed:
-    """Mixin for the backward: add_dkv (reductions from registers) with every reduction behind `krow == -7` (never
-    true for a valid slot)."""
+    """Mixin for the backward: add_dkv (the tile's whole-line reductions) with every reduction behind `krow == -7`
+    (never true for a valid slot), the lane exchanges kept."""
 
     @cute.jit
-    def add_dkv(self, acc, k_id, valid, krow, mdKV, batch, chunk: cutlass.Constexpr):
-        a_mn = acc_mn_view(acc)
-        sub = (cute.arch.lane_idx() >> 2) & 3
+    def add_dkv(self, acc, krow_b, lane, mdKV, batch, col0: cutlass.Constexpr):
+        dead = cute.make_rmem_tensor((2, 2), Int32)
         for r in cutlass.range_constexpr(2):
-            col = chunk * bwd_sm90.DC + k_id[r, 0][0] - sub
-            for g in cutlass.range_constexpr(cute.size(a_mn, mode=[1]) // 4):
-                y0, y1, y2, y3 = transpose_quad(a_mn[r, 4 * g], a_mn[r, 4 * g + 1], a_mn[r, 4 * g + 2],
-                                                a_mn[r, 4 * g + 3], sub)
-                if krow[4 * g] == Int32(-7):
-                    red_add_v4(mdKV.iterator + cute.crd2idx((krow[4 * g], col, batch), mdKV.layout), y0, y1, y2, y3)
+            for b in cutlass.range_constexpr(2):
+                dead[b, r] = Int32(cutlass.select_(krow_b[b, r] == Int32(-7), krow_b[b, r], Int32(-1)))
+        red_tile_lines(acc_mn_view(acc), dead, lane, mdKV, batch, col0, bwd_sm90.DC // 32)
 
 
 def variants(kind, knockouts):

@@ -69,3 +69,15 @@ def test_transpose_quad_gives_a_key_four_consecutive_columns(lanes):
             first = m - sub + 8 * r
             for i in range(4):
                 np.testing.assert_array_equal(y[i], tag(key, first + i))
+
+
+def test_partner_rows_match_line_rows(lanes):
+    """partner_rows hands each lane the destination rows of the tile rows line_rows gives it: row (lane >> 2 with
+    bit 0 = b) + 8 r, taken from the lane that owns it (lane or lane ^ 4)."""
+    m = LANES >> 2
+    dest = lambda tile_row: 7000 + 3 * tile_row        # noqa: E731  any injective map of tile rows
+    krow_b = np.zeros((2, 2, 32), dtype=np.int64)
+    vr.partner_rows(krow_b, dest(m), dest(m + 8), LANES)
+    for r in range(2):
+        for b in range(2):
+            np.testing.assert_array_equal(krow_b[b, r], dest(((m & ~1) | b) + 8 * r))

@@ -72,3 +72,34 @@ def line_rows(v, lane):
     this lane's bit 2 (the caller exchanges the row indices)."""
     w = swap_lane_bit(v, (lane & 1) != 0, 1, 2)
     return swap_lane_bit(w, ((lane >> 2) & 1) != 0, 4, 4)
+
+
+def partner_rows(krow_b, own0, own1, lane):
+    """krow_b[b, r] = the destination row (-1: skip) of tile row (lane >> 2 with bit 0 = b) + 8 r, from this lane's
+    own rows (own_r: tile row lane >> 2 + 8 r) and its partner lane ^ 4's: the rows line_rows hands this lane. Every
+    lane must call it (one shuffle a row); a plain function (traced inline)."""
+    m0 = (lane >> 2) & 1
+    for r in range(2):
+        own = own0 if r == 0 else own1
+        other = cute.arch.shuffle_sync_bfly(own, offset=4)
+        krow_b[0, r] = cutlass.select_(m0 == 0, own, other)
+        krow_b[1, r] = cutlass.select_(m0 == 0, other, own)
+
+
+@cute.jit
+def red_tile_lines(k_mn: cute.Tensor, krow_b: cute.Tensor, lane: Int32, mDst: cute.Tensor, batch: Int32, col0,
+                   n_lines: cutlass.Constexpr):
+    """Adds an m64 accumulator tile (rows x n_lines * 32 columns, k_mn its (row, column) view: ops/common/softmax.py
+    acc_mn_view) to mDst[krow, col0 + column, batch] (fp32) by whole 128-byte lines: line_rows, then one red.v4 per
+    (r, b) and line, skipped where krow_b[b, r] (partner_rows) < 0. Every lane must call it."""
+    col_lane = 16 * ((lane >> 2) & 1) + 8 * (lane & 1) + 4 * ((lane >> 1) & 1)
+    for ln in cutlass.range_constexpr(n_lines):
+        v = [k_mn[i >> 3, 2 * (4 * ln + ((i >> 1) & 3)) + (i & 1)] for i in range(16)]
+        y = line_rows(v, lane)
+        col = col0 + 32 * ln + col_lane
+        for r in cutlass.range_constexpr(2):
+            for b in cutlass.range_constexpr(2):
+                kr = krow_b[b, r]
+                if kr >= 0:
+                    red_add_v4(mDst.iterator + cute.crd2idx((kr, col, batch), mDst.layout), y[8 * r + 4 * b],
+                               y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2], y[8 * r + 4 * b + 3])

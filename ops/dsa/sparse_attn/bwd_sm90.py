@@ -15,43 +15,39 @@ A row with no valid slot: dq 0, no dkv contribution, d_sink_rows -0 x Delta = 0 
 dout, lse or the sink reaches the gradients it influences.
 
 Tiling. One CTA = one query row and 64 heads (grid y = H / 64). Resident: Q (64 x Dqk, 72 KiB) and dout (64 x Dv,
-64 KiB), both by TMA. Slots in blocks of BK = 32; a block's kv rows gathered by cp.async (producer warpgroup, as in
-the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows) into one of two slots
-of NC = Dqk / 64 chunks of 32 x 64 (4 KiB).
+64 KiB), both by TMA. Slots in blocks of BK = 64; a block's kv rows gathered by cp.async (producer warpgroup, as in
+the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows[n % 2]) into the one
+kv slot: NC = Dqk / 64 chunks of 64 keys x 64 columns (8 KiB), each with a full and an empty mbarrier, so chunk c
+of block n + 1 is gathered as soon as both consumers are done with chunk c of block n.
 Consumer warpgroups:
-  - w = 0: S = Q K^T (m64 n32 k16, 9 x 4 k-steps), P (and Pn with dlse), then, once sdP(n) is full (mbarrier), dS
-    from sdP, writes sdS = bf16(c dS) and sP = bf16(P) (stmatrix, fence.proxy.async, DS_BAR);
-  - w = 1: dP = dout V^T (m64 n32 k16, 8 x 4 k-steps) one block ahead: dP(n + 1) is issued before DS_BAR(n), so it
-    runs on the tensor pipe while w = 0 turns S(n) into dS(n); after DS_BAR(n) it goes to sdP (fp32, in its
-    accumulator order: w = 0 reads the same (row, col) at the same index) and each thread arrives on the sdP-full
-    mbarrier (dP(0) before the loop);
-  - both: dq chunks (w = 0: 0-4, w = 1: 5-8; accumulators 64 x 64 in registers over all blocks; A = sdS, B = the kv
-    chunk read MN-major) and dkv^T chunks (w = 0: 5-8, w = 1: 0-4; 64 columns x 32 keys: A = Q^T / dout^T read
-    MN-major from the resident tiles, B = sdS / sP read MN-major), each dkv tile added to global fp32 with
-    red.global.add.v4.f32 (valid keys only; a 4 x 4 lane transpose first: ops/common/vector_red_sm90.py
-    transpose_quad; one tile at a time: a second accumulator to overlap them measured no faster on the H200 and
-    made ptxas serialize the wgmmas of the topk_length variants for want of registers); then the slot's chunks are
-    released.
-Shared-memory handoffs: sdP(n) written by w = 1 (generic stores), then its 128 arrivals on the sdP-full mbarrier
-(phase n % 2), read by w = 0 after waiting that phase; rewritten (n + 1) only after DS_BAR(n), which w = 0 passes after
-its reads. sdS / sP(n) written by w = 0 (then fence.proxy.async), read by both warpgroups' wgmmas after DS_BAR(n);
-rewritten (n + 1) only after w = 0's own wgmmas of block n retired (its wait_group 0) and, through DS_FREE (w = 1
-arrives after its wait_group 0 of block n, w = 0 syncs before its stores), after w = 1's. sStat (Delta, lse+, lse,
-dlse) written by 64 threads before the loop, read after PRE_BAR. kv chunks: as the forward (full: 128 producer
-arrivals; empty: 256 consumer arrivals; w = 1 waits block n + 1's full barriers early, the producer refills a slot
-only after both consumers released it). sRows[n % 2] (slot validity and the dkv rows): as the forward's, written
-before chunk 0 of block n is published, read after its full barrier, rewritten only after both consumers released
-chunk 0 of block n.
-Shared memory (Dqk 576): 72 + 64 + 72 + 4 + 4 + 8 KiB = 224 KiB of 227.
+  - A (w = 0): S = Q K^T and dP = dout V^T (m64 n64 k16, chunk by chunk as the chunks arrive; 32 + 32 accumulator
+    registers), P and dS in registers, sP = bf16(P) and sdS = bf16(c dS) by stmatrix (fence.proxy.async, PDS_FULL),
+    then dq[:, 0:256] += dS K[:, 0:256] with A = dS from registers (RS wgmma; 4 chunk accumulators over all blocks);
+    releases chunks >= 4 once S / dP retired and chunks 0-3 once its dq wgmmas retired.
+  - B (w = 1): after PDS_FULL, dq[:, 256:Dqk] += dS K[:, 256:Dqk] (SS: A = sdS, B = the kv chunks read MN-major;
+    NC - 4 chunk accumulators), then per 64-column chunk c the dkv tile with the keys as M: 64 keys x 64 columns =
+    dS^T Q_c + P^T dout_c (c < Dv / 64) (A = sdS / sP read MN-major, B = the resident Q / dout chunk read MN-major),
+    added to global fp32 by whole 128-byte lines (ops/common/vector_red_sm90.py red_tile_lines: 4 keys x 128 bytes
+    a red.v4 instruction), valid keys only. It releases every kv chunk once its dq wgmmas retired (dkv reads no kv),
+    so the next block's gather and S / dP run under its dkv tiles.
+Shared-memory handoffs: sP / sdS(n) written by A's 128 threads (stmatrix), fence.proxy.async, then A arrives on
+PDS_FULL and B syncs on it before its wgmmas read them; rewritten (n + 1) only after PDS_FREE: B arrives after the
+wait_group that retired its last wgmma of block n reading them, A syncs before its stores of block n + 1. sStat
+(Delta, lse+, lse, dlse) written by 64 + 256 threads before PRE_BAR, read after. kv chunks: full barrier (128
+producer arrivals after their cp.async groups retired and a proxy fence), empty barrier (256 consumer arrivals, each
+after its own last wgmma reading the chunk retired); B waits on the full barriers itself before its reads.
+sRows[n % 2] (slot validity and the dkv rows of block n): written by the producer after it acquired chunk 0 of block n
+(both consumers released chunk 0 of block n - 1, after their last reads of sRows[(n - 2) % 2]... of block n - 2) and
+before chunk 0 of block n is published; A reads it after chunk 0's full barrier, B after PDS_FULL(n), both before
+they release chunk 0 of block n.
+Shared memory (Dqk 576): Q 72 + dout 64 + kv 72 + sP 8 + sdS 8 KiB = 224 KiB of 227.
 
 Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, dkv fp32 [B,Skv,Dqk] / [Tkv,Dqk]
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: H200 2026-12-04 (16:35-16:47 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py passed (23), racecheck / memcheck
-clean; Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.79 ms (212 TFLOP/s; 14.77 in an A/B run with the
-kernel before dP ran a block ahead) against cuDNN frontend's 6.36 ms in the same run (docs/performance.md). The dkv
-reductions are the largest single cost: without them (a knockout) the same call takes 9.13 ms.
+Status: CPU-compiled only (2026-12-04, branch wip/sparse-attn-bwd-bk64). The BK = 32 kernel it replaces (main
+7165573): Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.79 ms against cuDNN frontend's 6.36 ms.
 """
 import math
 
@@ -68,16 +64,16 @@ from cutlass.tensor_utils import LayoutEnum
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_sum
-from ...common.vector_red_sm90 import red_add_v4, transpose_quad
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines
 
 LOG2E = math.log2(math.e)
 HG = 64              # heads per CTA
-BK = 32              # key slots per block
+BK = 64              # key slots per block
 DC = 64              # kv columns per chunk
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
-PRE_BAR, DS_BAR, DS_FREE = 3, 5, 6
-DQ_SPLIT = 5         # dq chunks [0, 5) on consumer 0, [5, NC) on consumer 1; dkv chunks the other way round
+PRE_BAR, PDS_FULL, PDS_FREE, PDS_A = 3, 4, 5, 6
+DQ_A = 4             # dq chunks [0, 4) on consumer A, [4, NC) on consumer B
 
 
 class SparseAttnBwdSm90(SlotRows, BlockGather):
@@ -90,10 +86,15 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
         self.D, self.Dv, self.H = head_dim, v_head_dim, heads
         self.NC, self.NV = head_dim // DC, v_head_dim // DC
-        self.stages = 2 * self.NC
+        self.stages = self.NC                     # one kv slot, a stage per chunk
         self.varlen, self.has_length, self.has_sink, self.has_dlse = varlen, has_length, has_sink, has_dlse
         self.dt = cutlass.BFloat16
-        self.pieces = BK * DC // PIECE // 128     # 2
+        self.pieces = BK * DC // PIECE // 128     # 4
+
+    def state(self, n, c, producer):
+        """Pipeline state of chunk c of block n: stage c, one fill a block (one slot)."""
+        lap = n % 2
+        return pipeline.PipelineState(self.stages, n * self.NC + c, c, lap ^ 1 if producer else lap)
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -121,18 +122,19 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                                                                      stride=(mdKV.stride[1], 1, mdKV.stride[0])))
             grid = (mQ.shape[1], H // HG, mQ.shape[0])
         K, MN, L = OperandMajorMode.K, OperandMajorMode.MN, LayoutEnum
-        mma = lambda a, b, n: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
-                                                                 tiler_mn=(64, n))
-        mmas = (mma(K, K, BK), mma(K, K, BK), mma(K, MN, DC), mma(MN, MN, BK))   # S/dP, S/dP accumulate, dq, dkv^T
+        mma = lambda a, b, **kw: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
+                                                                    tiler_mn=(64, 64), **kw)
+        # S / dP (first k-step overwrites), S / dP accumulate, dq, dkv (keys as M)
+        mmas = (mma(K, K), mma(K, K), mma(K, MN), mma(MN, MN))
         layouts = (
-            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (HG, BK, D), dt, 1),             # Q (h, c): Q K^T A
-            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (DC, BK, HG), dt, self.NC),      # Q^T chunks (c, h): dkv A
+            sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (HG, BK, D), dt, 1),             # Q (h, c): S A
+            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (BK, DC, HG), dt, self.NC),      # Q chunks (c, h): dkv B
             sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (HG, BK, Dv), dt, 1),            # dout (h, v): dP A
-            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (DC, BK, HG), dt, self.NV),      # dout^T chunks: dkv A
+            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (BK, DC, HG), dt, self.NV),      # dout chunks (v, h): dkv B
             sm90_utils.make_smem_layout_b(L.ROW_MAJOR, (HG, BK, DC), dt, self.stages),  # kv (key, c): S / dP B
             sm90_utils.make_smem_layout_b(L.COL_MAJOR, (HG, DC, BK), dt, self.stages),  # kv (c, key): dq B
             sm90_utils.make_smem_layout_a(L.ROW_MAJOR, (HG, DC, BK), dt, 1),            # dS / P (h, key): dq A
-            sm90_utils.make_smem_layout_b(L.COL_MAJOR, (DC, BK, HG), dt, 1))            # dS / P (key, h): dkv B
+            sm90_utils.make_smem_layout_a(L.COL_MAJOR, (BK, DC, HG), dt, 1))            # dS / P (key, h): dkv A
         sQ_l, _, sdO_l, _, sK_l, _, sS_l, _ = layouts
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, q_v, cute.slice_(sQ_l, (None, None, 0)), (HG, D))
@@ -143,7 +145,6 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
-            mbar_dp: cute.struct.MemRange[cutlass.Int64, 1]
             sStat: cute.struct.MemRange[Float32, 4 * HG]
             sRows: cute.struct.MemRange[Int32, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_l)], 1024]
@@ -151,7 +152,6 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_l)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sS_l)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sS_l)], 1024]
-            sdP: cute.struct.Align[cute.struct.MemRange[Float32, HG * BK], 16]
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tQ, tma_do, tdO, kv_v, dkv_v, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, mCuQ,
@@ -197,7 +197,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     def backward_row(self, g, mmas, layouts, tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32,
                      seqlen_k: Int32):
         tma_q, tQ, tma_do, tdO, mKv, mdKV, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, scale = g
-        sQ_l, sQt_l, sdO_l, sdOt_l, sK_l, sKt_l, sS_l, sSt_l = layouts
+        sQ_l, sQc_l, sdO_l, sdOc_l, sK_l, sKt_l, sS_l, sSt_l = layouts
         D, Dv = self.D, self.Dv
         n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
         row_len = n_slots
@@ -208,16 +208,15 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         smem = SmemAllocator()
         st = smem.allocate(self.shared_storage)
         sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
-        sQt = st.sQ.get_tensor(sQt_l.outer, swizzle=sQt_l.inner)
+        sQc = st.sQ.get_tensor(sQc_l.outer, swizzle=sQc_l.inner)
         sdO = st.sdO.get_tensor(sdO_l.outer, swizzle=sdO_l.inner)
-        sdOt = st.sdO.get_tensor(sdOt_l.outer, swizzle=sdOt_l.inner)
+        sdOc = st.sdO.get_tensor(sdOc_l.outer, swizzle=sdOc_l.inner)
         sK = st.sKV.get_tensor(sK_l.outer, swizzle=sK_l.inner)
         sKt = st.sKV.get_tensor(sKt_l.outer, swizzle=sKt_l.inner)
         sdS = st.sdS.get_tensor(sS_l.outer, swizzle=sS_l.inner)
         sdSt = st.sdS.get_tensor(sSt_l.outer, swizzle=sSt_l.inner)
         sP = st.sP.get_tensor(sS_l.outer, swizzle=sS_l.inner)
         sPt = st.sP.get_tensor(sSt_l.outer, swizzle=sSt_l.inner)
-        sdP = st.sdP.get_tensor(cute.make_layout(HG * BK))
         sStat = st.sStat.get_tensor(cute.make_layout((4, HG), stride=(HG, 1)))   # Delta, lse+ L2, lse L2, dlse
         sRows = st.sRows.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))    # gathered kv rows, -1: invalid
         q_bar = st.mbar_q.data_ptr()
@@ -228,10 +227,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                                          cute.group_modes(gQ, 0, 2))
         tdOs, tdOg = cpasync.tma_partition(tma_do, 0, cute.make_layout(1),
                                            cute.group_modes(sdO[None, None, 0], 0, 2), cute.group_modes(gdO, 0, 2))
-        dp_bar = st.mbar_dp.data_ptr()
-        if tidx == 0:
-            cute.arch.mbarrier_init(dp_bar, 128)     # sdP full: consumer 1's 128 threads arrive
-        pipe = self.gather_pipeline(st.mbar.data_ptr(), 256, q_bar, tidx)   # (its init fence and sync cover dp_bar)
+        pipe = self.gather_pipeline(st.mbar.data_ptr(), 256, q_bar, tidx)
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -243,22 +239,22 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         else:
             cute.arch.setmaxregister_increase(232)
             ctid = tidx - 128
-            w = wg - 1
             self.row_stats(sStat, mO, mdO, mLSE, mdLSE, mSink, batch, row, grp, ctid)
             pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sStat by 64 + 256 lanes
-            sv = (sQ[None, None, 0], sQt, sdO[None, None, 0], sdOt, sK, sKt, sdS[None, None, 0], sdSt[None, None, 0],
-                  sP[None, None, 0], sPt[None, None, 0], sdP, sStat, sRows)
-            mma_s, mma_s_acc, mma_dq, mma_dkv = mmas     # MMA fields fixed once, outside the per-consumer branches
+            mma_s, mma_s_acc, mma_dq, mma_dkv = mmas     # MMA fields fixed once, outside the branches
             mma_s.set(warpgroup.Field.ACCUMULATE, False)
             mma_s_acc.set(warpgroup.Field.ACCUMULATE, True)
             mma_dq.set(warpgroup.Field.ACCUMULATE, True)
             mma_dkv.set(warpgroup.Field.ACCUMULATE, True)
-            args = (pipe, (q_bar, dp_bar), sv, mmas, mdKV, mdQ, mdSink, mSink, scale, ctid)
-            rest = (grp, batch, row, n_blk)
-            if w == 0:      # one code path per consumer: its own register accumulators (4 or 5 dq chunks)
-                self.consume(*args, 0, *rest)
+            t = ctid % 128
+            cute.arch.mbarrier_wait(q_bar, 0)
+            if wg == 1:
+                self.consume_a(pipe, mmas, (sQ[None, None, 0], sdO[None, None, 0], sK, sKt, sdS[None, None, 0],
+                                            sP[None, None, 0], sStat, sRows), mdQ, mdSink, mSink, scale, t, grp,
+                               batch, row, n_blk)
             else:
-                self.consume(*args, 1, *rest)
+                self.consume_b(pipe, mmas, (sQc, sdOc, sKt, sdS[None, None, 0], sdSt[None, None, 0],
+                                            sPt[None, None, 0], sRows), mdKV, mdQ, t, grp, batch, row, n_blk)
 
     @cute.jit
     def row_stats(self, sStat: cute.Tensor, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
@@ -298,97 +294,71 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             sStat[3, ctid] = dl
 
     @cute.jit
-    def consume(self, pipe, bars, sv, mmas, mdKV, mdQ, mdSink, mSink, scale: Float32, ctid: Int32,
-                w: cutlass.Constexpr,
-                grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
-        sQ2, sQt, sdO2, sdOt, sK, sKt, sdS2, sdSt2, sP2, sPt2, sdP, sStat, sRows = sv
-        mma_s, mma_s_acc, mma_dq, mma_dkv = mmas
-        NC = self.NC
-        t = ctid % 128
+    def consume_a(self, pipe, mmas, sv, mdQ: cute.Tensor, mdSink: cute.Tensor, mSink: cute.Tensor, scale: Float32,
+                  t: Int32, grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
+        """Consumer A: S, dP, P, dS; sP / sdS; dq[:, 0:256] (RS); the d_sink rows."""
+        sQ2, sdO2, sK, sKt, sdS2, sP2, sStat, sRows = sv
+        mma_s, mma_s_acc, mma_dq, _ = mmas
+        NC, NV = self.NC, self.NV
         thr_s = mma_s.get_slice(t)
         thr_dq = mma_dq.get_slice(t)
-        thr_kv = mma_dkv.get_slice(t)
         tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ2))
         tSrdO = thr_s.make_fragment_A(thr_s.partition_A(sdO2))
         tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK))
-        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS2))
         tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tKrQt = thr_kv.make_fragment_A(thr_kv.partition_A(sQt))
-        tKrdOt = thr_kv.make_fragment_A(thr_kv.partition_A(sdOt))
-        tKrdS = thr_kv.make_fragment_B(thr_kv.partition_B(sdSt2))
-        tKrP = thr_kv.make_fragment_B(thr_kv.partition_B(sPt2))
+        tArdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS2))
         s_id = acc_mn_view(thr_s.partition_C(cute.make_identity_tensor((HG, BK))))
         q_id = acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((HG, DC))))
-        k_id = acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((DC, BK))))
-        n_dq = DQ_SPLIT if w == 0 else NC - DQ_SPLIT             # this consumer's dq chunks (the rest: dkv)
-        n_kv = NC - n_dq
-        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(n_dq)]
-        for i in cutlass.range_constexpr(n_dq):
+        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(DQ_A)]
+        for i in cutlass.range_constexpr(DQ_A):
             acc_dq[i].fill(0.0)
         n_cols = cute.size(s_id, mode=[1])
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), mma_s)
         thr_r2s = r2s.get_slice(t)
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
-        krow = cute.make_rmem_tensor((n_cols,), Int32)
         c2 = scale * Float32(LOG2E)
-        q_bar, dp_bar = bars
-        cute.arch.mbarrier_wait(q_bar, 0)
-        acc_dp = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))     # consumer 1: dP one block ahead
-        if cutlass.const_expr(w == 1):
-            if n_blk > 0:
-                self.issue_rows(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, Int32(0), self.NV)
-                warpgroup.wait_group(0)
-                self.put_dp(acc_dp, sdP, dp_bar)
+        kpc = DC // 16
         for n in cutlass.range(n_blk, unroll=1):
-            has_next = n + 1 < n_blk
-            if cutlass.const_expr(w == 0):      # ---- S = Q K^T, P
-                acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
-                self.issue_rows(pipe, mma_s, mma_s_acc, acc_s, tSrQ, tSrK, n, NC)
-                for ci in cutlass.range_constexpr(n_cols):     # the producer's gathered rows (chunk 0 waited)
-                    valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
-                warpgroup.wait_group(0)
-                cute.arch.mbarrier_wait(dp_bar, n % 2)                 # sdP(n) written (consumer 1's arrivals)
-                self.write_ds(acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2, scale, t, n)
-            else:           # ---- dP(n + 1) = dout V^T on the tensor pipe while consumer 0 turns block n's S into dS
-                if has_next:
-                    self.issue_rows(pipe, mma_s, mma_s_acc, acc_dp, tSrdO, tSrK, n + 1, self.NV)
-            pipeline.NamedBarrier(barrier_id=DS_BAR, num_threads=256).arrive_and_wait()      # sdS, sP written
-            if cutlass.const_expr(w == 1):
-                if has_next:            # consumer 0 read sdP(n) before DS_BAR: sdP(n + 1) may go in now
-                    warpgroup.wait_group(0)                       # dP(n + 1) retired
-                    self.put_dp(acc_dp, sdP, dp_bar)
-            # ---- dq (register accumulators over all blocks) and this block's dkv tiles
+            # ---- S = Q K^T and dP = dout V^T, chunk by chunk as the gather publishes them
+            acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
+            acc_dp = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
             for c in cutlass.range_constexpr(NC):
-                pipe.consumer_wait(self.state(n, c, False))       # (a completed phase: returns at once)
-            warpgroup.fence()
-            for i in cutlass.range_constexpr(n_dq):
-                stage = (n % 2) * NC + i + w * DQ_SPLIT
-                for kb in cutlass.range_constexpr(BK // 16):
-                    cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, stage], acc_dq[i])
+                s = self.state(n, c, False)
+                pipe.consumer_wait(s)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(kpc):
+                    mma = mma_s if c == 0 and kb == 0 else mma_s_acc
+                    cute.gemm(mma, acc_s, tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, s.index], acc_s)
+                    if cutlass.const_expr(c < NV):
+                        cute.gemm(mma, acc_dp, tSrdO[None, None, c * kpc + kb], tSrK[None, None, kb, s.index], acc_dp)
             warpgroup.commit_group()
-            for ci in cutlass.range_constexpr(n_cols):
-                krow[ci] = sRows[n % 2, k_id[0, ci][1]]          # the sequence's offset included
-                valid[ci] = krow[ci] >= 0
-            acc_kv = thr_kv.make_fragment_C(thr_kv.partition_shape_C((DC, BK)))
-            for i in cutlass.range_constexpr(n_kv):
-                self.issue_dkv(mma_dkv, acc_kv, tKrQt, tKrdOt, tKrdS, tKrP, i + (1 - w) * DQ_SPLIT)
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(w == 1 and i == n_kv - 1):
-                    if has_next:        # this consumer's last reads of sdS(n) / sP(n) retired: consumer 0 may rewrite
-                        pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive()
-                self.add_dkv(acc_kv, k_id, valid, krow, mdKV, batch, i + (1 - w) * DQ_SPLIT)
-            for c in cutlass.range_constexpr(NC):
+            warpgroup.wait_group(0)
+            for ci in cutlass.range_constexpr(n_cols):     # the producer's gathered rows (chunk 0 waited)
+                valid[ci] = sRows[n % 2, s_id[0, ci][1]] >= 0
+            for c in cutlass.range_constexpr(DQ_A, NC):    # this consumer's last reads of chunks >= DQ_A
+                pipe.consumer_release(self.state(n, c, False))
+            rdS, rP = self.probs(acc_s, acc_dp, valid, s_id, sStat, c2, scale)
+            if n > 0:           # consumer B's wgmmas of block n - 1 reading sP / sdS retired
+                pipeline.NamedBarrier(barrier_id=PDS_FREE, num_threads=256).arrive_and_wait()
+            cute.copy(r2s, thr_r2s.retile(rdS), thr_r2s.partition_D(sdS2))
+            cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sP2))
+            cute.arch.fence_proxy("async.shared", space="cta")       # this thread's stores -> the wgmmas (async proxy)
+            pipeline.NamedBarrier(barrier_id=PDS_FULL, num_threads=256).arrive()
+            pipeline.NamedBarrier(barrier_id=PDS_A, num_threads=128).arrive_and_wait()    # all of A's stores, for A
+            # ---- dq[:, 0:256] += dS K[:, 0:256]
+            warpgroup.fence()
+            for i in cutlass.range_constexpr(DQ_A):
+                for kb in cutlass.range_constexpr(BK // 16):
+                    cute.gemm(mma_dq, acc_dq[i], tArdS[None, None, kb], tQrK[None, None, kb, i], acc_dq[i])
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for c in cutlass.range_constexpr(DQ_A):
                 pipe.consumer_release(self.state(n, c, False))
 
         # ---- epilogue: dq (scale already in dS), d_sink rows
+        self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, 0)
         h0 = grp * HG
-        for i in cutlass.range_constexpr(n_dq):
-            o_mn = acc_mn_view(acc_dq[i])
-            col0 = (i + w * DQ_SPLIT) * DC
-            for r in cutlass.range_constexpr(2):
-                for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    mdQ[self.vec_coord(batch, row, h0 + q_id[r, ci][0], col0 + q_id[r, ci][1])] = self.dt(o_mn[r, ci])
-        if cutlass.const_expr(self.has_sink and w == 0):
+        if cutlass.const_expr(self.has_sink):
             if t < HG:
                 sk = mSink[h0 + t]
                 arg = sk * Float32(LOG2E) - sStat[1, t]
@@ -398,15 +368,79 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 mdSink[self.head_coord(batch, row, h0 + t)] = -cute.math.exp2(arg, fastmath=False) * sStat[0, t]
 
     @cute.jit
-    def write_ds(self, acc_s, valid, s_id, sStat, sdP, sdS2, sP2, r2s, thr_r2s, c2: Float32, scale: Float32,
-                 t: Int32, n: Int32):
-        """Consumer 0: P (and Pn) from S, dS = P (dP - Delta) + dlse Pn, sdS = bf16(scale dS), sP = bf16(P) (by
-        stmatrix); fenced for the async proxy, then DS_BAR is the caller's."""
+    def consume_b(self, pipe, mmas, sv, mdKV: cute.Tensor, mdQ: cute.Tensor, t: Int32, grp: Int32, batch: Int32,
+                  row: Int32, n_blk: Int32):
+        """Consumer B: dq[:, 256:Dqk] (SS), then the block's dkv tiles (keys as M) and their reductions."""
+        sQc, sdOc, sKt, sdS2, sdSt2, sPt2, sRows = sv
+        _, _, mma_dq, mma_dkv = mmas
+        NC, NV = self.NC, self.NV
+        n_dq = NC - DQ_A
+        thr_dq = mma_dq.get_slice(t)
+        thr_kv = mma_dkv.get_slice(t)
+        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS2))
+        tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+        tKrdS = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt2))
+        tKrP = thr_kv.make_fragment_A(thr_kv.partition_A(sPt2))
+        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQc))
+        tKrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdOc))
+        q_id = acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((HG, DC))))
+        k_id = acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((BK, DC))))
+        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(n_dq)]
+        for i in cutlass.range_constexpr(n_dq):
+            acc_dq[i].fill(0.0)
+        krow_b = cute.make_rmem_tensor((2, 2), Int32)
+        lane = cute.arch.lane_idx()
+        for n in cutlass.range(n_blk, unroll=1):
+            pipeline.NamedBarrier(barrier_id=PDS_FULL, num_threads=256).arrive_and_wait()   # sP / sdS(n) written
+            for c in cutlass.range_constexpr(NC):
+                pipe.consumer_wait(self.state(n, c, False))       # (completed before PDS_FULL: returns at once)
+            partner_rows(krow_b, sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]], lane)
+            warpgroup.fence()
+            for i in cutlass.range_constexpr(n_dq):
+                for kb in cutlass.range_constexpr(BK // 16):
+                    cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, DQ_A + i], acc_dq[i])
+            warpgroup.commit_group()
+            acc_kv = thr_kv.make_fragment_C(thr_kv.partition_shape_C((BK, DC)))
+            for c in cutlass.range_constexpr(NC):
+                acc_kv.fill(0.0)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(HG // 16):
+                    cute.gemm(mma_dkv, acc_kv, tKrdS[None, None, kb], tKrQ[None, None, kb, c], acc_kv)
+                if cutlass.const_expr(c < NV):
+                    for kb in cutlass.range_constexpr(HG // 16):
+                        cute.gemm(mma_dkv, acc_kv, tKrP[None, None, kb], tKrdO[None, None, kb, c], acc_kv)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(c == 0):       # the dq wgmmas (this consumer's only kv reads) retired
+                    for cc in cutlass.range_constexpr(NC):
+                        pipe.consumer_release(self.state(n, cc, False))
+                if cutlass.const_expr(c == NC - 1):
+                    if n + 1 < n_blk:   # this consumer's last reads of sP / sdS(n) retired: A may rewrite them
+                        pipeline.NamedBarrier(barrier_id=PDS_FREE, num_threads=256).arrive()
+                self.add_dkv(acc_kv, krow_b, lane, mdKV, batch, c * DC)
+        self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, DQ_A)
+
+    @cute.jit
+    def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr):
+        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows."""
+        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
+
+    @cute.jit
+    def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
+        h0 = grp * HG
+        for i in cutlass.range_constexpr(len(acc_dq)):
+            o_mn = acc_mn_view(acc_dq[i])
+            col0 = (i + chunk0) * DC
+            for r in cutlass.range_constexpr(2):
+                for ci in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    mdQ[self.vec_coord(batch, row, h0 + q_id[r, ci][0], col0 + q_id[r, ci][1])] = self.dt(o_mn[r, ci])
+
+    @cute.jit
+    def probs(self, acc_s, acc_dp, valid, s_id, sStat, c2: Float32, scale: Float32):
+        """Consumer A: P (and Pn) from S, dS = P (dP - Delta) + dlse Pn; returns (bf16(scale dS), bf16(P)) in the
+        accumulator layout."""
         s_mn = acc_mn_view(acc_s)
-        dP = cute.make_rmem_tensor(acc_s.layout, Float32)
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            dP[e] = sdP[e * 128 + t]
-        dp_mn = acc_mn_view(dP)
+        dp_mn = acc_mn_view(acc_dp)
         for r in cutlass.range_constexpr(2):
             h = s_id[r, 0][0]
             delta, lsep2, lse2, dl = sStat[0, h], sStat[1, h], sStat[2, h], sStat[3, h]
@@ -422,67 +456,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     pn = Float32(cutlass.select_(valid[ci], cute.math.exp2(an, fastmath=True), Float32(0.0)))
                     ds = ds + dl * pn
                 ds = Float32(cutlass.select_(valid[ci], ds, Float32(0.0)))
-                dp_mn[r, ci] = ds * scale                        # in place: dP and S are not read again
+                dp_mn[r, ci] = ds * scale
                 s_mn[r, ci] = p
-        rdS = cute.make_rmem_tensor(acc_s.layout, self.dt)
-        rdS.store(dP.load().to(self.dt))
-        if n > 0:           # consumer 1's wgmmas of block n - 1 (dq, dkv: they read sdS / sP) retired
-            pipeline.NamedBarrier(barrier_id=DS_FREE, num_threads=256).arrive_and_wait()
-        cute.copy(r2s, thr_r2s.retile(rdS), thr_r2s.partition_D(sdS2))
+        rdS = cute.make_rmem_tensor(acc_dp.layout, self.dt)
+        rdS.store(acc_dp.load().to(self.dt))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dt)
         rP.store(acc_s.load().to(self.dt))
-        cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sP2))
-        cute.arch.fence_proxy("async.shared", space="cta")       # this thread's stores -> the wgmmas (async proxy)
-
-    @cute.jit
-    def issue_rows(self, pipe, mma_s, mma_s_acc, acc, tA, tSrK, n: Int32, n_chunks: cutlass.Constexpr):
-        """acc = A K(n)^T over the first n_chunks chunks of block n (S = Q K^T: Dqk / 64 chunks, consumer 0; dP =
-        dout V^T: Dv / 64, consumer 1), each chunk's full barrier waited; one committed group."""
-        for c in cutlass.range_constexpr(n_chunks):
-            s = self.state(n, c, False)
-            pipe.consumer_wait(s)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(DC // 16):
-                cute.gemm(mma_s if c == 0 and kb == 0 else mma_s_acc, acc, tA[None, None, c * (DC // 16) + kb],
-                          tSrK[None, None, kb, s.index], acc)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def put_dp(self, acc_dp, sdP: cute.Tensor, dp_bar):
-        """Consumer 1: the retired dP tile to sdP (fp32, accumulator order: consumer 0 reads the same (row, col) at
-        the same index), then each thread's arrival on the sdP-full mbarrier (consumer 0 waits on it)."""
-        t = cute.arch.thread_idx()[0] % 128
-        for e in cutlass.range_constexpr(cute.size(acc_dp)):
-            sdP[e * 128 + t] = acc_dp[e]
-        cute.arch.mbarrier_arrive(dp_bar)
-
-    @cute.jit
-    def issue_dkv(self, mma_dkv, acc, tKrQt, tKrdOt, tKrdS, tKrP, chunk: cutlass.Constexpr):
-        """dkv^T tile (64 columns of chunk x 32 keys) = Q^T dS (scale in dS) + dout^T P (chunks < NV): one
-        committed group."""
-        acc.fill(0.0)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(HG // 16):
-            cute.gemm(mma_dkv, acc, tKrQt[None, None, kb, chunk], tKrdS[None, None, kb], acc)
-        if cutlass.const_expr(chunk < self.NV):
-            for kb in cutlass.range_constexpr(HG // 16):
-                cute.gemm(mma_dkv, acc, tKrdOt[None, None, kb, chunk], tKrP[None, None, kb], acc)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def add_dkv(self, acc, k_id, valid, krow, mdKV: cute.Tensor, batch: Int32, chunk: cutlass.Constexpr):
-        """The retired dkv^T tile added to global fp32 at the valid keys' rows (v4 reductions after a 4 x 4 lane
-        transpose)."""
-        a_mn = acc_mn_view(acc)
-        sub = (cute.arch.lane_idx() >> 2) & 3       # this lane's place in its quad of consecutive columns
-        for r in cutlass.range_constexpr(2):
-            col = chunk * DC + k_id[r, 0][0] - sub   # the quad's first column (a multiple of 4)
-            for g in cutlass.range_constexpr(cute.size(a_mn, mode=[1]) // 4):
-                y0, y1, y2, y3 = transpose_quad(a_mn[r, 4 * g], a_mn[r, 4 * g + 1], a_mn[r, 4 * g + 2],
-                                                a_mn[r, 4 * g + 3], sub)
-                ok, kr = valid[4 * g], krow[4 * g]   # the slot this lane now holds: 4 g + sub
-                for i in cutlass.range_constexpr(1, 4):
-                    ok = cutlass.select_(sub == i, valid[4 * g + i], ok)
-                    kr = cutlass.select_(sub == i, krow[4 * g + i], kr)
-                if ok:
-                    red_add_v4(mdKV.iterator + cute.crd2idx((kr, col, batch), mdKV.layout), y0, y1, y2, y3)
+        return rdS, rP
