@@ -10,7 +10,8 @@ Knockouts (subclasses of the working tree's kernel, defined here):
 
 Run (the base file must travel with the working tree, so it is written next to the current kernels, untracked):
   python bench/ab_sparse_attn.py --prepare REV      here: ops/dsa/sparse_attn/_ab_base_{fwd,bwd}_sm90.py from REV
-  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--knockouts nogather nored] [--iters N]   on the device
+  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--knobs DKV_A=2 ...] [--knockouts nogather nored]
+                                 [--iters N]   on the device
   python bench/ab_sparse_attn.py --check            here (no GPU): the knockout variants compile for sm_90a
   python bench/ab_sparse_attn.py --clean            here: remove the base files
 Shape: B 1, Sq 4096, Skv 8192, top-k 2048 (uniform random indices), Dqk 576, Dv 512; the backward with a sink.
@@ -49,16 +50,17 @@ class NoRed:
     (never true for a valid slot), the lane exchanges kept."""
 
     @cute.jit
-    def add_dkv(self, acc, krow_b, lane, mdKV, batch, col0: cutlass.Constexpr):
+    def add_dkv(self, acc, krow_b, lane, mdKV, batch, col0: cutlass.Constexpr, predicated: cutlass.Constexpr):
         dead = cute.make_rmem_tensor((2, 2), Int32)
         for r in cutlass.range_constexpr(2):
             for b in cutlass.range_constexpr(2):
                 dead[b, r] = Int32(cutlass.select_(krow_b[b, r] == Int32(-7), krow_b[b, r], Int32(-1)))
-        red_tile_lines(acc_mn_view(acc), dead, lane, mdKV, batch, col0, bwd_sm90.DC // 32)
+        red_tile_lines(acc_mn_view(acc), dead, lane, mdKV, batch, col0, bwd_sm90.DC // 32, predicated)
 
 
-def variants(kind, knockouts):
-    """[(name, kernel class)]: the base revision's (when prepared), the working tree's, then the knockouts."""
+def variants(kind, knockouts, knobs=()):
+    """[(name, kernel class)]: the base revision's (when prepared), the working tree's, the working tree's with class
+    knobs set (each "NAME=INT[,NAME=INT]": a subclass with those class attributes), then the knockouts."""
     mod, cls_name = (fwd_sm90, "SparseAttnFwdSm90") if kind == "fwd" else (bwd_sm90, "SparseAttnBwdSm90")
     cur = getattr(mod, cls_name)
     out = []
@@ -66,6 +68,9 @@ def variants(kind, knockouts):
         base = __import__(f"ops.dsa.sparse_attn.{BASE[kind]}", fromlist=[cls_name])
         out.append(("base", getattr(base, cls_name)))
     out.append(("current", cur))
+    for spec in knobs:
+        attrs = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        out.append((spec, type(f"{cls_name}_knobs", (cur,), attrs)))
     mixins = {"nogather": NoGather, "nored": NoRed}
     for k in knockouts:
         if k == "nored" and kind == "fwd":
@@ -124,7 +129,7 @@ def run(a):
             fwd.sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=scale, attn_sink=sink, stream=st)
             dout = torch.randn(out.shape, device="cuda", generator=g).bfloat16()
         res = {}
-        for name, cls in variants(kind, a.knockouts):
+        for name, cls in variants(kind, a.knockouts, a.knobs):
             setattr(holder, attr, cls)
             module._CACHE.clear()
             if a.bwd:
@@ -141,13 +146,13 @@ def run(a):
             res[name] = [x.float().clone() for x in outs]
             print(f"{kind} H{H} {name:18s} {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s", flush=True)
         setattr(holder, attr, cur)
-        if "base" in res:
-            names = ("dq", "dkv", "d_sink_rows") if a.bwd else ("out", "lse")
+        names = ("dq", "dkv", "d_sink_rows") if a.bwd else ("out", "lse")
+        for other in [k for k in ("base", *a.knobs) if k in res]:       # the current kernel's outputs as reference
             diffs = []
-            for n, x, y in zip(names, res["base"], res["current"]):
+            for n, x, y in zip(names, res["current"], res[other]):
                 d = (x - y).abs().nan_to_num(float("inf")).max().item()
-                diffs.append(f"max|{n} base - current| {d:.3e} (|{n}| max {x.abs().max().item():.2e}, "
-                             f"NaN in current: {bool(y.isnan().any())})")
+                diffs.append(f"max|{n} current - {other}| {d:.3e} (|{n}| max {x.abs().max().item():.2e}, "
+                             f"NaN in {other}: {bool(y.isnan().any())})")
             print("  " + "; ".join(diffs), flush=True)
 
 
@@ -159,6 +164,7 @@ def main():
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--heads", nargs="*", type=int, default=[128])
     p.add_argument("--knockouts", nargs="*", default=[], choices=["nogather", "nored"])
+    p.add_argument("--knobs", nargs="*", default=[], help='class knobs of the current kernel, e.g. "DKV_A=2"')
     p.add_argument("--iters", type=int, default=10)
     a = p.parse_args()
     if a.prepare:

@@ -73,13 +73,17 @@ DC = 64              # kv columns per chunk
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
 PRE_BAR, PDS_FULL, PDS_FREE, PDS_A = 3, 4, 5, 6
-DQ_A = 4             # dq chunks [0, 4) on consumer A, [4, NC) on consumer B
+DQ_A = int(__import__("os").environ.get("DQ_A", "4"))   # dq chunks [0, DQ_A) on consumer A, [DQ_A, NC) on B
 
 
 class SparseAttnBwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse)."""
 
     LAG = 3
+    DKV_ACCS = int(__import__("os").environ.get("DKV_ACCS", "1"))      # dkv accumulators of consumer B (1 or 2)
+    DKV_A = int(__import__("os").environ.get("DKV_A", "3"))            # dkv chunks of consumer A (the last ones)
+    DKV_A_ACCS = int(__import__("os").environ.get("DKV_A_ACCS", "1"))
+    REGS = tuple(int(x) for x in __import__("os").environ.get("REGS", "40,232").split(","))
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
                  has_dlse: bool):
@@ -232,12 +236,12 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(self.REGS[0])
             if warp == 0:
                 load_resident_tiles(q_bar, self.tma_bytes, ((tma_q, tQg, tQs), (tma_do, tdOg, tdOs)))
             self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
         else:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(self.REGS[1])
             ctid = tidx - 128
             self.row_stats(sStat, mO, mdO, mLSE, mdLSE, mSink, batch, row, grp, ctid)
             pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sStat by 64 + 256 lanes
@@ -250,8 +254,9 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             cute.arch.mbarrier_wait(q_bar, 0)
             if wg == 1:
                 self.consume_a(pipe, mmas, (sQ[None, None, 0], sdO[None, None, 0], sK, sKt, sdS[None, None, 0],
-                                            sP[None, None, 0], sStat, sRows), mdQ, mdSink, mSink, scale, t, grp,
-                               batch, row, n_blk)
+                                            sP[None, None, 0], sStat, sRows, sQc, sdOc, sdSt[None, None, 0],
+                                            sPt[None, None, 0]), mdKV, mdQ, mdSink, mSink, scale, t, grp, batch, row,
+                               n_blk)
             else:
                 self.consume_b(pipe, mmas, (sQc, sdOc, sKt, sdS[None, None, 0], sdSt[None, None, 0],
                                             sPt[None, None, 0], sRows), mdKV, mdQ, t, grp, batch, row, n_blk)
@@ -294,11 +299,11 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             sStat[3, ctid] = dl
 
     @cute.jit
-    def consume_a(self, pipe, mmas, sv, mdQ: cute.Tensor, mdSink: cute.Tensor, mSink: cute.Tensor, scale: Float32,
-                  t: Int32, grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
+    def consume_a(self, pipe, mmas, sv, mdKV: cute.Tensor, mdQ: cute.Tensor, mdSink: cute.Tensor, mSink: cute.Tensor,
+                  scale: Float32, t: Int32, grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
         """Consumer A: S, dP, P, dS; sP / sdS; dq[:, 0:256] (RS); the d_sink rows."""
-        sQ2, sdO2, sK, sKt, sdS2, sP2, sStat, sRows = sv
-        mma_s, mma_s_acc, mma_dq, _ = mmas
+        sQ2, sdO2, sK, sKt, sdS2, sP2, sStat, sRows, sQc, sdOc, sdSt2, sPt2 = sv
+        mma_s, mma_s_acc, mma_dq, mma_dkv = mmas
         NC, NV = self.NC, self.NV
         thr_s = mma_s.get_slice(t)
         thr_dq = mma_dq.get_slice(t)
@@ -318,6 +323,14 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
         c2 = scale * Float32(LOG2E)
         kpc = DC // 16
+        thr_kv = mma_dkv.get_slice(t)
+        tKrdS = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt2))
+        tKrP = thr_kv.make_fragment_A(thr_kv.partition_A(sPt2))
+        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQc))
+        tKrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdOc))
+        k_id = acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((BK, DC))))
+        krow_b = cute.make_rmem_tensor((2, 2), Int32)
+        lane = cute.arch.lane_idx()
         for n in cutlass.range(n_blk, unroll=1):
             # ---- S = Q K^T and dP = dout V^T, chunk by chunk as the gather publishes them
             acc_s = thr_s.make_fragment_C(thr_s.partition_shape_C((HG, BK)))
@@ -351,9 +364,15 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 for kb in cutlass.range_constexpr(BK // 16):
                     cute.gemm(mma_dq, acc_dq[i], tArdS[None, None, kb], tQrK[None, None, kb, i], acc_dq[i])
             warpgroup.commit_group()
+            if cutlass.const_expr(self.DKV_A > 0):
+                partner_rows(krow_b, sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]], lane)
             warpgroup.wait_group(0)
             for c in cutlass.range_constexpr(DQ_A):
                 pipe.consumer_release(self.state(n, c, False))
+            # ---- dkv tiles of the last DKV_A chunks (A's share of the reductions)
+            if cutlass.const_expr(self.DKV_A > 0):
+                self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch,
+                               NC - self.DKV_A, NC, self.DKV_A_ACCS, pipe, n, n + 1 < n_blk, False)
 
         # ---- epilogue: dq (scale already in dS), d_sink rows
         self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, 0)
@@ -400,30 +419,56 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 for kb in cutlass.range_constexpr(BK // 16):
                     cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, DQ_A + i], acc_dq[i])
             warpgroup.commit_group()
-            acc_kv = thr_kv.make_fragment_C(thr_kv.partition_shape_C((BK, DC)))
-            for c in cutlass.range_constexpr(NC):
-                acc_kv.fill(0.0)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(HG // 16):
-                    cute.gemm(mma_dkv, acc_kv, tKrdS[None, None, kb], tKrQ[None, None, kb, c], acc_kv)
-                if cutlass.const_expr(c < NV):
-                    for kb in cutlass.range_constexpr(HG // 16):
-                        cute.gemm(mma_dkv, acc_kv, tKrP[None, None, kb], tKrdO[None, None, kb, c], acc_kv)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(c == 0):       # the dq wgmmas (this consumer's only kv reads) retired
-                    for cc in cutlass.range_constexpr(NC):
-                        pipe.consumer_release(self.state(n, cc, False))
-                if cutlass.const_expr(c == NC - 1):
-                    if n + 1 < n_blk:   # this consumer's last reads of sP / sdS(n) retired: A may rewrite them
-                        pipeline.NamedBarrier(barrier_id=PDS_FREE, num_threads=256).arrive()
-                self.add_dkv(acc_kv, krow_b, lane, mdKV, batch, c * DC)
+            self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch, 0, NC - self.DKV_A,
+                           self.DKV_ACCS, pipe, n, n + 1 < n_blk, True)
         self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, DQ_A)
 
     @cute.jit
-    def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr):
-        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows."""
-        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
+    def dkv_tiles(self, mma_dkv, frags, thr_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32,
+                  c0: cutlass.Constexpr, c1: cutlass.Constexpr, accs: cutlass.Constexpr, pipe, n: Int32, has_next,
+                  is_b: cutlass.Constexpr):
+        """The dkv tiles of chunks [c0, c1) and their reductions. With accs = 2 tile c + 1's wgmmas are issued before
+        tile c's reductions (predicated, no branch) and run under them. Consumer B (is_b) also releases every kv
+        chunk at the first wait (its dq wgmmas, its only kv reads, retired there) and arrives on PDS_FREE at the last
+        (its last reads of sP / sdS(n) retired)."""
+        tKrdS, tKrP, tKrQ, tKrdO = frags
+        acc_kv = [thr_kv.make_fragment_C(thr_kv.partition_shape_C((BK, DC))) for _ in range(accs)]
+        self.issue_dkv(mma_dkv, acc_kv[0], tKrdS, tKrP, tKrQ, tKrdO, c0)
+        for c in cutlass.range_constexpr(c0, c1):
+            if cutlass.const_expr(accs == 2 and c + 1 < c1):
+                self.issue_dkv(mma_dkv, acc_kv[(c + 1 - c0) % 2], tKrdS, tKrP, tKrQ, tKrdO, c + 1)
+                warpgroup.wait_group(1)
+            else:
+                warpgroup.wait_group(0)
+            if cutlass.const_expr(is_b and c == c0):
+                for cc in cutlass.range_constexpr(self.NC):
+                    pipe.consumer_release(self.state(n, cc, False))
+            if cutlass.const_expr(is_b and c == c1 - 1):
+                if has_next:
+                    pipeline.NamedBarrier(barrier_id=PDS_FREE, num_threads=256).arrive()
+            self.add_dkv(acc_kv[(c - c0) % accs], krow_b, lane, mdKV, batch, c * DC, accs == 2)
+            if cutlass.const_expr(accs == 1 and c + 1 < c1):
+                self.issue_dkv(mma_dkv, acc_kv[0], tKrdS, tKrP, tKrQ, tKrdO, c + 1)
+
+    @cute.jit
+    def issue_dkv(self, mma_dkv, acc, tKrdS, tKrP, tKrQ, tKrdO, c: cutlass.Constexpr):
+        """dkv tile of chunk c (64 keys x 64 columns) = dS^T Q_c (scale in dS) + P^T dout_c (c < Dv / 64): one
+        committed group."""
+        acc.fill(0.0)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(HG // 16):
+            cute.gemm(mma_dkv, acc, tKrdS[None, None, kb], tKrQ[None, None, kb, c], acc)
+        if cutlass.const_expr(c < self.NV):
+            for kb in cutlass.range_constexpr(HG // 16):
+                cute.gemm(mma_dkv, acc, tKrP[None, None, kb], tKrdO[None, None, kb, c], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr,
+                predicated: cutlass.Constexpr):
+        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows
+        (predicated: while the next tile's wgmmas are in flight)."""
+        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32, predicated)
 
     @cute.jit
     def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
