@@ -50,12 +50,12 @@ class NoRed:
     (never true for a valid slot), the lane exchanges kept."""
 
     @cute.jit
-    def add_dkv(self, acc, krow_b, lane, mdKV, batch, col0: cutlass.Constexpr, predicated: cutlass.Constexpr):
+    def add_dkv(self, acc, krow_b, lane, mdKV, batch, col0: cutlass.Constexpr):
         dead = cute.make_rmem_tensor((2, 2), Int32)
         for r in cutlass.range_constexpr(2):
             for b in cutlass.range_constexpr(2):
                 dead[b, r] = Int32(cutlass.select_(krow_b[b, r] == Int32(-7), krow_b[b, r], Int32(-1)))
-        red_tile_lines(acc_mn_view(acc), dead, lane, mdKV, batch, col0, bwd_sm90.DC // 32, predicated)
+        red_tile_lines(acc_mn_view(acc), dead, lane, mdKV, batch, col0, bwd_sm90.DC // 32)
 
 
 def variants(kind, knockouts, knobs=()):

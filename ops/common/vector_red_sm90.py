@@ -28,8 +28,6 @@ buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 
 @cute.jit
@@ -38,17 +36,6 @@ def red_add_v4(ptr, x0: Float32, x1: Float32, x2: Float32, x3: Float32):
     v = cute.make_rmem_tensor((4,), Float32)
     v[0], v[1], v[2], v[3] = x0, x1, x2, x3
     cute.arch.red(ptr, v.load(), op="add", dtype=Float32, sem="relaxed", scope="gpu")
-
-
-@dsl_user_op
-def red_add_v4_if(ptr, x0: Float32, x1: Float32, x2: Float32, x3: Float32, pred, *, loc=None, ip=None):
-    """red_add_v4 under a predicate operand (`@p red...`), no branch: for reductions issued while a wgmma is in
-    flight, where a branch around them makes ptxas serialize the wgmmas (C7520, "WG.AR in divergent path")."""
-    llvm.inline_asm(None, [ptr.toint().ir_value(loc=loc, ip=ip)]
-                    + [Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)]
-                    + [cutlass.Boolean(pred).ir_value(loc=loc, ip=ip)],
-                    "@$5 red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,b",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 def swap_lane_bit(v, hi, offset: int, vmask: int):
@@ -101,11 +88,10 @@ def partner_rows(krow_b, own0, own1, lane):
 
 @cute.jit
 def red_tile_lines(k_mn: cute.Tensor, krow_b: cute.Tensor, lane: Int32, mDst: cute.Tensor, batch: Int32, col0,
-                   n_lines: cutlass.Constexpr, predicated: cutlass.Constexpr = False):
+                   n_lines: cutlass.Constexpr):
     """Adds an m64 accumulator tile (rows x n_lines * 32 columns, k_mn its (row, column) view: ops/common/softmax.py
     acc_mn_view) to mDst[krow, col0 + column, batch] (fp32) by whole 128-byte lines: line_rows, then one red.v4 per
-    (r, b) and line, skipped where krow_b[b, r] (partner_rows) < 0 (by a branch, or with `predicated` by the
-    instruction's predicate: red_add_v4_if). Every lane must call it."""
+    (r, b) and line, skipped where krow_b[b, r] (partner_rows) < 0. Every lane must call it."""
     col_lane = 16 * ((lane >> 2) & 1) + 8 * (lane & 1) + 4 * ((lane >> 1) & 1)
     for ln in cutlass.range_constexpr(n_lines):
         v = [k_mn[i >> 3, 2 * (4 * ln + ((i >> 1) & 3)) + (i & 1)] for i in range(16)]
@@ -114,10 +100,6 @@ def red_tile_lines(k_mn: cute.Tensor, krow_b: cute.Tensor, lane: Int32, mDst: cu
         for r in cutlass.range_constexpr(2):
             for b in cutlass.range_constexpr(2):
                 kr = krow_b[b, r]
-                vals = (y[8 * r + 4 * b], y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2], y[8 * r + 4 * b + 3])
-                if cutlass.const_expr(predicated):
-                    red_add_v4_if(mDst.iterator + cute.crd2idx((cutlass.max(kr, Int32(0)), col, batch), mDst.layout),
-                                  *vals, kr >= 0)
-                else:
-                    if kr >= 0:
-                        red_add_v4(mDst.iterator + cute.crd2idx((kr, col, batch), mDst.layout), *vals)
+                if kr >= 0:
+                    red_add_v4(mDst.iterator + cute.crd2idx((kr, col, batch), mDst.layout), y[8 * r + 4 * b],
+                               y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2], y[8 * r + 4 * b + 3])

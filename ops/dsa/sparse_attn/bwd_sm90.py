@@ -19,35 +19,44 @@ Tiling. One CTA = one query row and 64 heads (grid y = H / 64). Resident: Q (64 
 the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows[n % 2]) into the one
 kv slot: NC = Dqk / 64 chunks of 64 keys x 64 columns (8 KiB), each with a full and an empty mbarrier, so chunk c
 of block n + 1 is gathered as soon as both consumers are done with chunk c of block n.
-Consumer warpgroups:
+Consumer warpgroups (setmaxnreg 232 each, the producer 40):
   - A (w = 0): S = Q K^T and dP = dout V^T (m64 n64 k16, chunk by chunk as the chunks arrive; 32 + 32 accumulator
-    registers), P and dS in registers, sP = bf16(P) and sdS = bf16(c dS) by stmatrix (fence.proxy.async, PDS_FULL),
-    then dq[:, 0:256] += dS K[:, 0:256] with A = dS from registers (RS wgmma; 4 chunk accumulators over all blocks);
+    registers), P and dS in registers, sP = bf16(P) and sdS = bf16(c dS) by stmatrix (fence.proxy.async; PDS_FULL
+    for B, PDS_A for A's own wgmmas), then dq[:, 0:256] += dS K[:, 0:256] (A = sdS, B = the kv chunks read
+    MN-major; 4 chunk accumulators over all blocks), then the dkv tiles of the last DKV_A chunks (below). It
     releases chunks >= 4 once S / dP retired and chunks 0-3 once its dq wgmmas retired.
-  - B (w = 1): after PDS_FULL, dq[:, 256:Dqk] += dS K[:, 256:Dqk] (SS: A = sdS, B = the kv chunks read MN-major;
-    NC - 4 chunk accumulators), then per 64-column chunk c the dkv tile with the keys as M: 64 keys x 64 columns =
-    dS^T Q_c + P^T dout_c (c < Dv / 64) (A = sdS / sP read MN-major, B = the resident Q / dout chunk read MN-major),
-    added to global fp32 by whole 128-byte lines (ops/common/vector_red_sm90.py red_tile_lines: 4 keys x 128 bytes
-    a red.v4 instruction), valid keys only. It releases every kv chunk once its dq wgmmas retired (dkv reads no kv),
-    so the next block's gather and S / dP run under its dkv tiles.
+  - B (w = 1): after PDS_FULL, dq[:, 256:Dqk] += dS K[:, 256:Dqk] (NC - 4 chunk accumulators), then the dkv tiles of
+    the other chunks, and it releases every kv chunk once its dq wgmmas retired (dkv reads no kv), so the next
+    block's gather and S / dP run under its dkv tiles.
+  dkv tile of chunk c, the keys as M: 64 keys x 64 columns = dS^T Q_c + P^T dout_c (c < Dv / 64) (A = sdS / sP read
+  MN-major, B = the resident Q / dout chunk read MN-major), added to global fp32 by whole 128-byte lines
+  (ops/common/vector_red_sm90.py red_tile_lines: 4 keys x 128 bytes a red.v4 instruction), valid keys only.
+Measured choices (H200 and ptxas, 2026-12-04): DKV_A = 2 (0 / 2 / 3 / 4: 7.64 / 7.50 / 7.60 / 7.85 ms at H 64, equal
+within 1 % at H 128). What does not fit the register budget (ptxas C7512, the wgmmas serialized, CPU): dq by an RS
+wgmma (A = dS from registers) with 4 chunks in A; 6 dq chunks in B; a second dkv accumulator in either consumer
+(tile c + 1's wgmmas under tile c's reductions; a predicated red, `@p red`, is not what serializes them).
 Shared-memory handoffs: sP / sdS(n) written by A's 128 threads (stmatrix), fence.proxy.async, then A arrives on
-PDS_FULL and B syncs on it before its wgmmas read them; rewritten (n + 1) only after PDS_FREE: B arrives after the
-wait_group that retired its last wgmma of block n reading them, A syncs before its stores of block n + 1. sStat
+PDS_FULL (B syncs on it before its wgmmas read them) and syncs on PDS_A (A's 128 threads, before its own dq and dkv
+wgmmas read them); rewritten (n + 1) only after PDS_FREE: B arrives after the wait_group that retired its last wgmma
+of block n reading them, A syncs before its stores of block n + 1 (its own reads retired by its wait_group 0). sStat
 (Delta, lse+, lse, dlse) written by 64 + 256 threads before PRE_BAR, read after. kv chunks: full barrier (128
 producer arrivals after their cp.async groups retired and a proxy fence), empty barrier (256 consumer arrivals, each
 after its own last wgmma reading the chunk retired); B waits on the full barriers itself before its reads.
-sRows[n % 2] (slot validity and the dkv rows of block n): written by the producer after it acquired chunk 0 of block n
-(both consumers released chunk 0 of block n - 1, after their last reads of sRows[(n - 2) % 2]... of block n - 2) and
-before chunk 0 of block n is published; A reads it after chunk 0's full barrier, B after PDS_FULL(n), both before
-they release chunk 0 of block n.
+sRows[n % 2] (slot validity and the dkv rows of block n): written by the producer after it acquired chunk 0 of block
+n (so both consumers have released chunk 0 of block n - 1, which each does after its reads of block n - 2's rows)
+and before chunk 0 of block n is published; A reads it after chunk 0's full barrier, B after PDS_FULL(n), each
+before it releases chunk 0 of block n.
 Shared memory (Dqk 576): Q 72 + dout 64 + kv 72 + sP 8 + sdS 8 KiB = 224 KiB of 227.
 
 Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, dkv fp32 [B,Skv,Dqk] / [Tkv,Dqk]
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status: CPU-compiled only (2026-12-04, branch wip/sparse-attn-bwd-bk64). The BK = 32 kernel it replaces (main
-7165573): Sq 4K, Skv 8K, top-k 2048, 576 / 512, H 64 with a sink: 13.79 ms against cuDNN frontend's 6.36 ms.
+Status (H200, 2026-12-04 20:22-20:59 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py 23 passed, racecheck / memcheck
+clean (DKV_A = 0 form; the final form: see docs/performance.md). Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64
+7.50 ms (389 TFLOP/s), H 128 15.70 ms, against the BK = 32 kernel's 13.90 / 27.24 ms in the same run (cuDNN
+frontend: 6.36 / 14.21 ms, earlier runs). Without the dkv reductions (knockout) 4.79 ms at H 64: the reductions
+(1.2 G red.v4 requests at H 64, ~4.9 ms at bench/red_lines.py's 246 G/s) are what is left.
 """
 import math
 
@@ -73,17 +82,14 @@ DC = 64              # kv columns per chunk
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
 PRE_BAR, PDS_FULL, PDS_FREE, PDS_A = 3, 4, 5, 6
-DQ_A = int(__import__("os").environ.get("DQ_A", "4"))   # dq chunks [0, DQ_A) on consumer A, [DQ_A, NC) on B
+DQ_A = 4             # dq chunks [0, 4) on consumer A, [4, NC) on consumer B
 
 
 class SparseAttnBwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse)."""
 
     LAG = 3
-    DKV_ACCS = int(__import__("os").environ.get("DKV_ACCS", "1"))      # dkv accumulators of consumer B (1 or 2)
-    DKV_A = int(__import__("os").environ.get("DKV_A", "3"))            # dkv chunks of consumer A (the last ones)
-    DKV_A_ACCS = int(__import__("os").environ.get("DKV_A_ACCS", "1"))
-    REGS = tuple(int(x) for x in __import__("os").environ.get("REGS", "40,232").split(","))
+    DKV_A = 2            # dkv tiles (the last chunks) consumer A adds after its dq; B adds the rest
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
                  has_dlse: bool):
@@ -236,12 +242,12 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if wg == 0:
-            cute.arch.setmaxregister_decrease(self.REGS[0])
+            cute.arch.setmaxregister_decrease(40)
             if warp == 0:
                 load_resident_tiles(q_bar, self.tma_bytes, ((tma_q, tQg, tQs), (tma_do, tdOg, tdOs)))
             self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
         else:
-            cute.arch.setmaxregister_increase(self.REGS[1])
+            cute.arch.setmaxregister_increase(232)
             ctid = tidx - 128
             self.row_stats(sStat, mO, mdO, mLSE, mdLSE, mSink, batch, row, grp, ctid)
             pipeline.NamedBarrier(barrier_id=PRE_BAR, num_threads=256).arrive_and_wait()   # sStat by 64 + 256 lanes
@@ -372,7 +378,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             # ---- dkv tiles of the last DKV_A chunks (A's share of the reductions)
             if cutlass.const_expr(self.DKV_A > 0):
                 self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch,
-                               NC - self.DKV_A, NC, self.DKV_A_ACCS, pipe, n, n + 1 < n_blk, False)
+                               NC - self.DKV_A, NC, pipe, n, n + 1 < n_blk, False)
 
         # ---- epilogue: dq (scale already in dS), d_sink rows
         self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, 0)
@@ -420,35 +426,27 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, DQ_A + i], acc_dq[i])
             warpgroup.commit_group()
             self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch, 0, NC - self.DKV_A,
-                           self.DKV_ACCS, pipe, n, n + 1 < n_blk, True)
+                           pipe, n, n + 1 < n_blk, True)
         self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, DQ_A)
 
     @cute.jit
     def dkv_tiles(self, mma_dkv, frags, thr_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32,
-                  c0: cutlass.Constexpr, c1: cutlass.Constexpr, accs: cutlass.Constexpr, pipe, n: Int32, has_next,
-                  is_b: cutlass.Constexpr):
-        """The dkv tiles of chunks [c0, c1) and their reductions. With accs = 2 tile c + 1's wgmmas are issued before
-        tile c's reductions (predicated, no branch) and run under them. Consumer B (is_b) also releases every kv
-        chunk at the first wait (its dq wgmmas, its only kv reads, retired there) and arrives on PDS_FREE at the last
-        (its last reads of sP / sdS(n) retired)."""
+                  c0: cutlass.Constexpr, c1: cutlass.Constexpr, pipe, n: Int32, has_next, is_b: cutlass.Constexpr):
+        """The dkv tiles of chunks [c0, c1), one at a time (wgmmas, wait, reductions). Consumer B (is_b) also
+        releases every kv chunk at the first wait (its dq wgmmas, its only kv reads, retired there) and arrives on
+        PDS_FREE at the last (its last reads of sP / sdS(n) retired)."""
         tKrdS, tKrP, tKrQ, tKrdO = frags
-        acc_kv = [thr_kv.make_fragment_C(thr_kv.partition_shape_C((BK, DC))) for _ in range(accs)]
-        self.issue_dkv(mma_dkv, acc_kv[0], tKrdS, tKrP, tKrQ, tKrdO, c0)
+        acc_kv = thr_kv.make_fragment_C(thr_kv.partition_shape_C((BK, DC)))
         for c in cutlass.range_constexpr(c0, c1):
-            if cutlass.const_expr(accs == 2 and c + 1 < c1):
-                self.issue_dkv(mma_dkv, acc_kv[(c + 1 - c0) % 2], tKrdS, tKrP, tKrQ, tKrdO, c + 1)
-                warpgroup.wait_group(1)
-            else:
-                warpgroup.wait_group(0)
+            self.issue_dkv(mma_dkv, acc_kv, tKrdS, tKrP, tKrQ, tKrdO, c)
+            warpgroup.wait_group(0)
             if cutlass.const_expr(is_b and c == c0):
                 for cc in cutlass.range_constexpr(self.NC):
                     pipe.consumer_release(self.state(n, cc, False))
             if cutlass.const_expr(is_b and c == c1 - 1):
                 if has_next:
                     pipeline.NamedBarrier(barrier_id=PDS_FREE, num_threads=256).arrive()
-            self.add_dkv(acc_kv[(c - c0) % accs], krow_b, lane, mdKV, batch, c * DC, accs == 2)
-            if cutlass.const_expr(accs == 1 and c + 1 < c1):
-                self.issue_dkv(mma_dkv, acc_kv[0], tKrdS, tKrP, tKrQ, tKrdO, c + 1)
+            self.add_dkv(acc_kv, krow_b, lane, mdKV, batch, c * DC)
 
     @cute.jit
     def issue_dkv(self, mma_dkv, acc, tKrdS, tKrP, tKrQ, tKrdO, c: cutlass.Constexpr):
@@ -464,11 +462,9 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         warpgroup.commit_group()
 
     @cute.jit
-    def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr,
-                predicated: cutlass.Constexpr):
-        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows
-        (predicated: while the next tile's wgmmas are in flight)."""
-        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32, predicated)
+    def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr):
+        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows."""
+        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
 
     @cute.jit
     def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
