@@ -1,6 +1,6 @@
 """CPU: the lane exchanges of ops/common/vector_red_sm90.py deliver what their docstrings promise, simulated over the
 32 lanes of a warp (a shuffle reads the partner lane's value, selects act lane by lane). A wrong lane bit or value
-index in line_rows / transpose_quad would add gradient values to the wrong (row, column) on the GPU; here it fails
+index in line_rows / partner_rows would add gradient values to the wrong (row, column) on the GPU; here it fails
 without one. The m64 accumulator layout assumed: thread lane holds row lane // 4 + 8 r of its warp's 16 and columns
 8 j + 2 (lane % 4) + e."""
 import numpy as np
@@ -55,20 +55,6 @@ def test_line_rows_gives_four_rows_of_whole_lines(lanes):
                     rows_this_instr.update(row.tolist())
                 assert len(rows_this_instr) == 4          # one instruction: 4 rows x 32 columns (128 bytes)
         assert seen == {(rr, 32 * ln + c) for rr in range(16) for c in range(32)}
-
-
-def test_transpose_quad_gives_a_key_four_consecutive_columns(lanes):
-    """dkv^T (columns x keys) as the sparse attention backward feeds it: per pair j, values (e, j = 2 g + {0, 1})."""
-    m, q = LANES >> 2, LANES & 3
-    sub = m & 3
-    for r in range(2):
-        for g in range(2):
-            x = [tag(2 * q + e + 8 * (2 * g + h), m + 8 * r) for h in range(2) for e in range(2)]
-            y = vr.transpose_quad.__wrapped__(*x, sub)         # the traced body, run on lane arrays
-            key = 2 * q + (sub & 1) + 8 * (2 * g + (sub >> 1))
-            first = m - sub + 8 * r
-            for i in range(4):
-                np.testing.assert_array_equal(y[i], tag(key, first + i))
 
 
 def test_partner_rows_match_line_rows(lanes):

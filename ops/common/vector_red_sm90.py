@@ -7,16 +7,13 @@ same ~256 G scalar reductions/s, i.e. the L2 reduction units, not the tensor cor
 carries four adds.
 
 A wgmma accumulator (m64 nN) gives each thread, per row r in {0, 1} (row lane / 4 + 8 r of its warp's 16), column
-pairs (lane % 4) * 2 + {0, 1} + 8 j. Two shapes reach four consecutive global columns:
-  - transpose_quad: the tile is transposed (dkv^T: columns x keys; a warp holds 16 columns). The sparse attention
-    backward feeds it, per row r, four slots' values of the column m + 8 r; the 4 x 4 transpose across the lanes
-    m = 4 m2 + 0..3 (lane bits 2, 3) leaves each lane one slot at four consecutive columns, so one instruction of the
-    warp adds 32 bytes to each of 16 keys. Four shuffles per four values. (Fed the thread's (r, e) values of a column
-    pair instead, it gives 8 keys x 64 bytes an instruction: measured slower there on 2026-12-04, 14.26 vs 13.84 ms,
-    that kernel being bound by L1/TEX, not by the L2.)
-  - line_rows (keys x columns, W = 128): per 32-column line of the tile, two lane-bit swaps (lane bit 0 with the
-    column pair's bit j0, lane bit 2 with j1) leave each lane four consecutive columns of one of four rows, so one
-    instruction of the warp adds a whole 128-byte line to each of 4 rows.
+pairs (lane % 4) * 2 + {0, 1} + 8 j. Both kernels hold their tile with the keys as rows (keys x columns), and
+line_rows turns it into whole lines: per 32-column line, two lane-bit swaps (lane bit 0 with the column pair's bit
+j0, lane bit 2 with j1) leave each lane four consecutive columns of one of four rows, so one instruction of the warp
+adds a whole 128-byte line to each of 4 rows; partner_rows gives each lane the destination rows of those 4 rows
+(its own and lane ^ 4's) and red_tile_lines does the whole tile. (The sparse attention backward's earlier BK = 32
+kernel held its dkv tile transposed, columns x keys, and reached 16 keys x 32 bytes an instruction by a 4 x 4 lane
+transpose: that form is gone with it, 2026-12-04.)
 Why the layout of a warp instruction matters (H200, bench/red_lines.py, 2026-12-04, 18.9 MB fp32 buffer, random
 rows): the L2 takes 106 / 155 / 206 / 246 G v4 requests/s when one instruction adds 16 / 32 / 64 / 128 contiguous
 bytes a row (32 / 16 / 8 / 4 rows); wider runs gain nothing more. The first form for d_index_k (a lane-pair swap)
@@ -51,16 +48,6 @@ def swap_lane_bit(v, hi, offset: int, vmask: int):
     for (i, j), r in zip(pairs, got):
         out[j] = Float32(cutlass.select_(hi, v[j], r))
     return out
-
-
-@cute.jit
-def transpose_quad(x0: Float32, x1: Float32, x2: Float32, x3: Float32, sub: Int32):
-    """x_i = element (sub, i) of a 4 x 4 matrix spread over the lanes sub = (lane >> 2) & 3 -> element (i, sub):
-    the lane then holds, at index i, what lane sub' = i held at index sub (stages: lane ^ 8 with index bit 1, then
-    lane ^ 4 with index bit 0)."""
-    y = swap_lane_bit([x0, x1, x2, x3], (sub & 2) != 0, 8, 2)
-    y = swap_lane_bit(y, (sub & 1) != 0, 4, 1)
-    return y[0], y[1], y[2], y[3]
 
 
 def line_rows(v, lane):
