@@ -52,11 +52,11 @@ Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, 
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
 
-Status (H200, 2026-12-04 20:22-20:59 UTC): tests/gpu/test_dsa_sparse_attn_bwd.py 23 passed, racecheck / memcheck
-clean (DKV_A = 0 form; the final form: see docs/performance.md). Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64
-7.50 ms (389 TFLOP/s), H 128 15.70 ms, against the BK = 32 kernel's 13.90 / 27.24 ms in the same run (cuDNN
-frontend: 6.36 / 14.21 ms, earlier runs). Without the dkv reductions (knockout) 4.79 ms at H 64: the reductions
-(1.2 G red.v4 requests at H 64, ~4.9 ms at bench/red_lines.py's 246 G/s) are what is left.
+Status (H200, 2026-12-04 21:00 UTC, tree f51b752): tests/gpu/test_dsa_sparse_attn_bwd.py 23 passed, racecheck /
+memcheck clean. Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64 7.50 ms (389 TFLOP/s) against cuDNN frontend's 6.42
+in the same run (0.86x), H 128 15.36 against 13.76 (0.90x); the BK = 32 kernel before it: 13.90 / 27.24 ms.
+Without the dkv reductions (knockout) 4.79 ms at H 64: the reductions (1.21 G red.v4 requests at H 64, ~4.9 ms at
+bench/red_lines.py's 246 G/s) are what is left (docs/performance.md).
 """
 import math
 
