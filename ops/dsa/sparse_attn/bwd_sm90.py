@@ -307,34 +307,24 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     @cute.jit
     def consume_a(self, pipe, mmas, sv, mdKV: cute.Tensor, mdQ: cute.Tensor, mdSink: cute.Tensor, mSink: cute.Tensor,
                   scale: Float32, t: Int32, grp: Int32, batch: Int32, row: Int32, n_blk: Int32):
-        """Consumer A: S, dP, P, dS; sP / sdS; dq[:, 0:256] (RS); the d_sink rows."""
+        """Consumer A: S, dP, P, dS; sP / sdS; dq[:, 0:256]; the dkv tiles of the last DKV_A chunks; the d_sink
+        rows."""
         sQ2, sdO2, sK, sKt, sdS2, sP2, sStat, sRows, sQc, sdOc, sdSt2, sPt2 = sv
         mma_s, mma_s_acc, mma_dq, mma_dkv = mmas
         NC, NV = self.NC, self.NV
         thr_s = mma_s.get_slice(t)
-        thr_dq = mma_dq.get_slice(t)
         tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ2))
         tSrdO = thr_s.make_fragment_A(thr_s.partition_A(sdO2))
         tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK))
-        tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tArdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS2))
         s_id = acc_mn_view(thr_s.partition_C(cute.make_identity_tensor((HG, BK))))
-        q_id = acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((HG, DC))))
-        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(DQ_A)]
-        for i in cutlass.range_constexpr(DQ_A):
-            acc_dq[i].fill(0.0)
+        (tArdS, tQrK, q_id, acc_dq), (thr_kv, kfrags, k_id) = self.dq_dkv_operands(
+            mma_dq, mma_dkv, t, (sdS2, sKt, sdSt2, sPt2, sQc, sdOc), DQ_A)
         n_cols = cute.size(s_id, mode=[1])
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), mma_s)
         thr_r2s = r2s.get_slice(t)
         valid = cute.make_rmem_tensor((n_cols,), cutlass.Boolean)
         c2 = scale * Float32(LOG2E)
         kpc = DC // 16
-        thr_kv = mma_dkv.get_slice(t)
-        tKrdS = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt2))
-        tKrP = thr_kv.make_fragment_A(thr_kv.partition_A(sPt2))
-        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQc))
-        tKrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdOc))
-        k_id = acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((BK, DC))))
         krow_b = cute.make_rmem_tensor((2, 2), Int32)
         lane = cute.arch.lane_idx()
         for n in cutlass.range(n_blk, unroll=1):
@@ -377,7 +367,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 pipe.consumer_release(self.state(n, c, False))
             # ---- dkv tiles of the last DKV_A chunks (A's share of the reductions)
             if cutlass.const_expr(self.DKV_A > 0):
-                self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch,
+                self.dkv_tiles(mma_dkv, kfrags, thr_kv, krow_b, lane, mdKV, batch,
                                NC - self.DKV_A, NC, pipe, n, n + 1 < n_blk, False)
 
         # ---- epilogue: dq (scale already in dS), d_sink rows
@@ -400,19 +390,8 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         _, _, mma_dq, mma_dkv = mmas
         NC, NV = self.NC, self.NV
         n_dq = NC - DQ_A
-        thr_dq = mma_dq.get_slice(t)
-        thr_kv = mma_dkv.get_slice(t)
-        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS2))
-        tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tKrdS = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt2))
-        tKrP = thr_kv.make_fragment_A(thr_kv.partition_A(sPt2))
-        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQc))
-        tKrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdOc))
-        q_id = acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((HG, DC))))
-        k_id = acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((BK, DC))))
-        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(n_dq)]
-        for i in cutlass.range_constexpr(n_dq):
-            acc_dq[i].fill(0.0)
+        (tQrdS, tQrK, q_id, acc_dq), (thr_kv, kfrags, k_id) = self.dq_dkv_operands(
+            mma_dq, mma_dkv, t, (sdS2, sKt, sdSt2, sPt2, sQc, sdOc), n_dq)
         krow_b = cute.make_rmem_tensor((2, 2), Int32)
         lane = cute.arch.lane_idx()
         for n in cutlass.range(n_blk, unroll=1):
@@ -425,9 +404,24 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                 for kb in cutlass.range_constexpr(BK // 16):
                     cute.gemm(mma_dq, acc_dq[i], tQrdS[None, None, kb], tQrK[None, None, kb, DQ_A + i], acc_dq[i])
             warpgroup.commit_group()
-            self.dkv_tiles(mma_dkv, (tKrdS, tKrP, tKrQ, tKrdO), thr_kv, krow_b, lane, mdKV, batch, 0, NC - self.DKV_A,
+            self.dkv_tiles(mma_dkv, kfrags, thr_kv, krow_b, lane, mdKV, batch, 0, NC - self.DKV_A,
                            pipe, n, n + 1 < n_blk, True)
         self.store_dq(acc_dq, q_id, mdQ, batch, row, grp, DQ_A)
+
+    def dq_dkv_operands(self, mma_dq, mma_dkv, t, smem, n_dq: int):
+        """Both consumers' dq and dkv operands: (A = sdS, B = the kv chunks (c, key), the dq coordinates, n_dq zeroed
+        64 x 64 accumulators), (the dkv thread slice, (sdS^T, sP^T, Q chunks, dout chunks), the dkv coordinates)."""
+        sdS2, sKt, sdSt2, sPt2, sQc, sdOc = smem
+        thr_dq = mma_dq.get_slice(t)
+        thr_kv = mma_dkv.get_slice(t)
+        acc_dq = [thr_dq.make_fragment_C(thr_dq.partition_shape_C((HG, DC))) for _ in range(n_dq)]
+        for acc in acc_dq:
+            acc.fill(0.0)
+        dq = (thr_dq.make_fragment_A(thr_dq.partition_A(sdS2)), thr_dq.make_fragment_B(thr_dq.partition_B(sKt)),
+              acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((HG, DC)))), acc_dq)
+        kfrags = (thr_kv.make_fragment_A(thr_kv.partition_A(sdSt2)), thr_kv.make_fragment_A(thr_kv.partition_A(sPt2)),
+                  thr_kv.make_fragment_B(thr_kv.partition_B(sQc)), thr_kv.make_fragment_B(thr_kv.partition_B(sdOc)))
+        return dq, (thr_kv, kfrags, acc_mn_view(thr_kv.partition_C(cute.make_identity_tensor((BK, DC)))))
 
     @cute.jit
     def dkv_tiles(self, mma_dkv, frags, thr_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32,
