@@ -48,11 +48,12 @@ def test_bwd_ptx(tmp_path):
             f"bwd.compile_variant((576, 512, 64, False, False, False, False))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    # consumer 0: S (36), dq chunks 0-4 (5 x 2), dkv^T chunks 5-8 (4 + 4 where V exists, chunk 8 has none);
-    # consumer 1: dP (32, twice: block 0 before the loop, block n + 1 inside), dq chunks 5-8 (4 x 2), dkv^T 0-4 (5 x 8)
-    assert text.count("wgmma.mma_async") == (36 + 5 * 2 + 3 * 8 + 4) + (2 * 32 + 4 * 2 + 5 * 8)
-    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 2
-    assert text.count("red.relaxed.gpu.global.add.v4.f32") == (5 + 4) * 4      # 16 values a tile, 4 a request
+    # consumer A: S (9 chunks x 4 k16), dP (8 x 4), dq chunks 0-3 (4 x 4 k16 over 64 keys), dkv tiles 7 (4 + 4) and
+    # 8 (4: no V columns); consumer B: dq chunks 4-8 (5 x 4), dkv tiles 0-6 (7 x 8)
+    assert text.count("wgmma.mma_async") == (36 + 32 + 4 * 4 + 8 + 4) + (5 * 4 + 7 * 8)
+    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
+    # a 64 x 64 dkv tile: 2 lines of 32 columns, 4 (row pair, row) red.v4 instructions a line; 9 tiles
+    assert text.count("red.relaxed.gpu.global.add.v4.f32") == 9 * 2 * 4
     assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
 
