@@ -90,6 +90,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
     LAG = 3
     DKV_A = 2            # dkv tiles (the last chunks) consumer A adds after its dq; B adds the rest
+    EARLY_RELEASE = 0    # 1: B releases kv chunks [0, DQ_A) at PDS_FULL instead of after its dq (not measured yet)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
                  has_dlse: bool):
@@ -399,6 +400,9 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_wait(self.state(n, c, False))       # (completed before PDS_FULL: returns at once)
             partner_rows(krow_b, sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]], lane)
+            if cutlass.const_expr(self.EARLY_RELEASE):     # B reads no chunk below DQ_A: release them at once
+                for c in cutlass.range_constexpr(DQ_A):
+                    pipe.consumer_release(self.state(n, c, False))
             warpgroup.fence()
             for i in cutlass.range_constexpr(n_dq):
                 for kb in cutlass.range_constexpr(BK // 16):
@@ -435,7 +439,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             self.issue_dkv(mma_dkv, acc_kv, tKrdS, tKrP, tKrQ, tKrdO, c)
             warpgroup.wait_group(0)
             if cutlass.const_expr(is_b and c == c0):
-                for cc in cutlass.range_constexpr(self.NC):
+                for cc in cutlass.range_constexpr(DQ_A if self.EARLY_RELEASE else 0, self.NC):
                     pipe.consumer_release(self.state(n, cc, False))
             if cutlass.const_expr(is_b and c == c1 - 1):
                 if has_next:
