@@ -24,7 +24,8 @@ class SlotRows:
         return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
 
     def state(self, n, c, producer):
-        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block (two slots)."""
+        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block (two slots; the
+        backward, with one slot, overrides it)."""
         lap = (n // 2) % 2
         return pipeline.PipelineState(self.stages, n * self.NC + c, (n % 2) * self.NC + c,
                                       lap ^ 1 if producer else lap)
