@@ -73,7 +73,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_sum
-from ...common.vector_red_sm90 import partner_rows, red_tile_lines
+from ...common.vector_red_sm90 import partner_rows, red_tile_halflines, red_tile_lines
 
 LOG2E = math.log2(math.e)
 HG = 64              # heads per CTA
@@ -91,6 +91,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     LAG = 3
     DKV_A = 2            # dkv tiles (the last chunks) consumer A adds after its dq; B adds the rest
     EARLY_RELEASE = 0    # 1: B releases kv chunks [0, DQ_A) at PDS_FULL instead of after its dq (not measured yet)
+    RED64 = 0            # 1: dkv by 8 rows x 64 bytes a red.v4 instruction (half the shuffles; not measured yet)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
                  has_dlse: bool):
@@ -362,7 +363,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                     cute.gemm(mma_dq, acc_dq[i], tArdS[None, None, kb], tQrK[None, None, kb, i], acc_dq[i])
             warpgroup.commit_group()
             if cutlass.const_expr(self.DKV_A > 0):
-                partner_rows(krow_b, sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]], lane)
+                self.dkv_rows(krow_b, sRows, n, k_id, lane)
             warpgroup.wait_group(0)
             for c in cutlass.range_constexpr(DQ_A):
                 pipe.consumer_release(self.state(n, c, False))
@@ -399,7 +400,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             pipeline.NamedBarrier(barrier_id=PDS_FULL, num_threads=256).arrive_and_wait()   # sP / sdS(n) written
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_wait(self.state(n, c, False))       # (completed before PDS_FULL: returns at once)
-            partner_rows(krow_b, sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]], lane)
+            self.dkv_rows(krow_b, sRows, n, k_id, lane)
             if cutlass.const_expr(self.EARLY_RELEASE):     # B reads no chunk below DQ_A: release them at once
                 for c in cutlass.range_constexpr(DQ_A):
                     pipe.consumer_release(self.state(n, c, False))
@@ -462,7 +463,20 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     @cute.jit
     def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr):
         """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows."""
-        red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
+        if cutlass.const_expr(self.RED64):
+            red_tile_halflines(acc_mn_view(acc_kv), krow_b[0, None], lane, mdKV, batch, col0, DC // 32)
+        else:
+            red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
+
+    def dkv_rows(self, krow_b, sRows, n, k_id, lane):
+        """The dkv destination rows of block n for add_dkv (a plain function, traced inline): the rows line_rows
+        hands this lane (partner_rows), or with RED64 its own two rows in krow_b[0, :]."""
+        own0, own1 = sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]]
+        if self.RED64:
+            krow_b[0, 0] = own0
+            krow_b[0, 1] = own1
+        else:
+            partner_rows(krow_b, own0, own1, lane)
 
     @cute.jit
     def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
