@@ -24,7 +24,7 @@ its own (no per-block cross-warpgroup barrier):
   own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
   dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
   red.global.add.v4.f32 at the valid keys' rows (two lane-bit swaps first, so one warp instruction adds a whole
-  128-byte line to each of 4 keys: ops/common/vector_red_sm90.py line_rows; each lane takes the dk rows of its
+  128-byte line to each of 4 keys: ops/common/vector_red_sm90.py red_tile_lines; each lane takes the dk rows of its
   partner lane ^ 4 once a block); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the chunks
   read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
 After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 4 W consumer warps
@@ -44,6 +44,8 @@ Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racechec
 top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the same run (2.59 before the slot loads
 moved a block ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md). 2026-12-04 19:30
 UTC (d_index_k by whole 128-byte lines, line_rows): the same tests and sanitizers pass; 1.89 ms against cuDNN's 1.94.
+Since (CPU only, 2026-12-04 21:58): the row exchange and the line reductions call vector_red_sm90.partner_rows /
+red_tile_lines instead of their inline copies; PTX equal to the H200-run code but for 8 reordered instructions.
 """
 import math
 
@@ -58,7 +60,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
-from ...common.vector_red_sm90 import line_rows, red_add_v4
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines
 from ...common.softmax import acc_mn_view
 
 BK = 64
@@ -351,8 +353,6 @@ class SparseIndexerBwdSm90(BlockGather):
         krow = cute.make_rmem_tensor((2,), Int32)
         kval = cute.make_rmem_tensor((2,), cutlass.Boolean)
         kpc = DC // 16
-        m0 = (lane >> 2) & 1            # line_rows: bit 0 of this lane's row, and the column offset it adds
-        col_lane = 16 * m0 + 8 * (lane & 1) + 4 * ((lane >> 1) & 1)
         krow_b = cute.make_rmem_tensor((2, 2), Int32)   # [b, r]: the dk row of row (lane >> 2 with bit 0 = b) + 8 r
         praw = cute.make_rmem_tensor((2,), Int32)       # the thread's two slots of its next block, loaded a block ahead
         ps = cute.make_rmem_tensor((2,), Float32)
@@ -384,11 +384,8 @@ class SparseIndexerBwdSm90(BlockGather):
                     self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, (n + self.W) * BK + x_id[r, 0][0],
                                     row_len, r)
             warpgroup.wait_group(0)
-            for r in cutlass.range_constexpr(2):           # the rows line_rows hands this lane (-1: invalid)
-                own = Int32(cutlass.select_(kval[r], krow[r], Int32(-1)))
-                other = cute.arch.shuffle_sync_bfly(own, offset=4)
-                krow_b[0, r] = cutlass.select_(m0 == 0, own, other)
-                krow_b[1, r] = cutlass.select_(m0 == 0, other, own)
+            partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
+                         Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
             # ---- d_weights partials, dA (bf16) to sdA[w]
             x_mn = acc_mn_view(acc_x)
             for r in cutlass.range_constexpr(2):
@@ -419,18 +416,7 @@ class SparseIndexerBwdSm90(BlockGather):
                     cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                k_mn = acc_mn_view(acc_k)
-                for ln in cutlass.range_constexpr(DC // 32):    # 128-byte lines: 4 rows x 128 B an instruction
-                    v = [k_mn[i >> 3, 2 * (4 * ln + ((i >> 1) & 3)) + (i & 1)] for i in range(16)]
-                    y = line_rows(v, lane)
-                    col = ch * DC + 32 * ln + col_lane
-                    for r in cutlass.range_constexpr(2):
-                        for b in cutlass.range_constexpr(2):
-                            kr = krow_b[b, r]
-                            if kr >= 0:
-                                red_add_v4(mdK.iterator + cute.crd2idx((kr, col, batch), mdK.layout),
-                                           y[8 * r + 4 * b], y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2],
-                                           y[8 * r + 4 * b + 3])
+                red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
             warpgroup.wait_group(0)
             for ch in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.chunk_state(n, ch, False))
