@@ -7,7 +7,8 @@ Rows (bf16 query/kv, MQA kv, Dqk 576 / Dv 512 unless named, every index valid, r
 FLOPs = 2 * (valid indices) * H * (Dqk + Dv) forward, 2.5x that backward.
 --bwd: the backward instead (Sq 4096, Skv 8K, top-k 2048, H 64 and 128, with a sink), ours (dq, dkv, d_sink rows)
 against cuDNN frontend 1.32.0's sm90 sparse_attention_backward_wrapper in the same run (cuDNN measured 6.40 ms at
-H 64 on 2026-12-02). Timing: bench/timing.device_time (median of CUDA-event times).
+H 64 on 2026-12-02), and ours in deterministic mode (deterministic=True, 1 GiB staging chunks: dkv summed per
+key in a fixed order; its line "ours det"). Timing: bench/timing.device_time (median of CUDA-event times).
 The eager peer: per chunk of 128 rows, gather kv[idx] ([R, K, Dqk] bf16), bf16 matmuls with fp32 softmax.
 
 --lags N ... times our kernel once per producer lag (SparseAttnFwdSm90.LAG: chunks of cp.async in flight per producer
@@ -66,6 +67,24 @@ def bench(Sq, Skv, K, H, D, dv, iters, notes, with_eager=True):
     return res, 2.0 * Sq * K * H * (D + dv)
 
 
+class TorchWorkspace:
+    """deterministic=True's framework side for torch (ops/dsa/sparse_attn/bwd.py: alloc, export, sort_keys)."""
+
+    @staticmethod
+    def alloc(shape, dtype):
+        return torch.empty(shape, device=DEV, dtype=getattr(torch, dtype))
+
+    @staticmethod
+    def export(t):
+        return t
+
+    @staticmethod
+    def sort_keys(keys, n_kv):
+        n = keys.shape[0]
+        s = torch.sort(torch.where(keys < 0, n_kv, keys).long() * n + torch.arange(n, device=DEV)).values
+        return (s // n).int(), (s % n).int()
+
+
 def bench_bwd(Sq, Skv, K, H, D, dv, iters, notes):
     from ops.dsa.sparse_attn.bwd import sparse_attn_bwd
     g = torch.Generator(device=DEV).manual_seed(Sq + Skv + H)
@@ -87,6 +106,12 @@ def bench_bwd(Sq, Skv, K, H, D, dv, iters, notes):
                                                              attn_sink=sink, d_sink_rows=dsr, stream=st), iters)
     except Exception as e:  # noqa: BLE001
         notes.append(f"ours: {type(e).__name__}: {e}")
+    try:
+        res["ours det"], _ = device_time(lambda: sparse_attn_bwd(
+            q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=scale, attn_sink=sink, d_sink_rows=dsr,
+            deterministic=True, workspace=TorchWorkspace(), stream=st), iters)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"ours det: {type(e).__name__}: {e}")
     try:
         import importlib
         dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
@@ -149,6 +174,9 @@ def main(a):
             f = lambda t, w=8, p=2: f"{t:{w}.{p}f}" if t is not None else " " * (w - 1) + "-"  # noqa: E731
             print(f"{name:34s} {f(o and o * 1e3)} {f(c and c * 1e3)} {f(o and flops / o / 1e12, p=0)} "
                   f"{f(c and flops / c / 1e12, p=0)} {f(o and c and c / o)}", flush=True)
+            d = res.get("ours det")
+            print(f"{'  ours det (deterministic dkv)':34s} {f(d and d * 1e3)} {'':8s} {f(d and flops / d / 1e12, p=0)} "
+                  f"{'':8s} {f(d and c and c / d)}   x ours {f(d and o and o / d)}", flush=True)
             for n in notes:
                 print(f"    note: {n}", flush=True)
             for impl, t in res.items():

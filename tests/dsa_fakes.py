@@ -84,6 +84,7 @@ def _put(dst, src):
 class FakeKernels:
     def __init__(self):
         self.calls = []
+        self.deterministic = []      # workspace_bytes of each deterministic sparse_attn_bwd call
 
     def _dense_call(self, name, q, k, q_offsets, cu_q, cu_k, max_seqlen_q, scores, causal, ratio, stream):
         self.calls.append((name, stream))
@@ -176,7 +177,7 @@ class FakeKernels:
 
     def sparse_attn_bwd(self, query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale,
                         attn_sink=None, d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None,
-                        cu_seqlens_k=None, stream=0):
+                        cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
         q, k, o, do, lse, sink, dl = (read(x) for x in (query, kv, out, dout, softmax_lse, attn_sink, dlse))
         gq, gkv, gsink = read(dq), read(dkv), read(d_sink_rows)
         assert q.dtype == k.dtype == o.dtype == do.dtype == gq.dtype == paddle.bfloat16, "bf16 tensors"
@@ -188,6 +189,15 @@ class FakeKernels:
         thd, gidx, valid = self._slots("sparse_attention_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
                                        cu_seqlens_k, stream)
         self.calls[-1] += (sink is not None, topk_length is not None, dl is not None)
+        if deterministic:       # the kernel's entry keys, sorted by the caller's workspace as the real seam does
+            self.deterministic.append(workspace_bytes)
+            keys = paddle.where(valid, gidx, paddle.full_like(gidx, -1)).astype(paddle.int32).reshape([-1])
+            keys_t = workspace.alloc(tuple(keys.shape), "int32")
+            write(workspace.export(keys_t), keys)
+            n_kv = k.shape[0] if thd else k.shape[0] * k.shape[1]
+            sk, order = (read(workspace.export(t)).numpy() for t in workspace.sort_keys(keys_t, n_kv))
+            want = np.lexsort((np.arange(keys.shape[0]), np.where(keys.numpy() < 0, n_kv, keys.numpy())))
+            assert (order == want).all() and (sk == np.where(keys.numpy() < 0, n_kv, keys.numpy())[want]).all()
         qr, kr, orow, dorow = (_rows(t, thd) for t in (q, k, o, do))
         lr, dlr = _lse_rows(lse, thd), None if dl is None else _lse_rows(dl, thd)
         dv = o.shape[-1]

@@ -281,6 +281,43 @@ def test_sparse_attention(rng, fake, monkeypatch, thd, extras, upstream):
 
 
 @pytest.mark.parametrize("thd", [False, True])
+def test_sparse_attention_deterministic_backward(rng, fake, monkeypatch, thd):
+    """config.deterministic_backward reaches the backward seam with Paddle's workspace (its sort of the entry keys
+    checked by the fake against numpy's lexsort: keys ascending, -1 last, ties by entry) and the byte budget of
+    config.deterministic_workspace_bytes; results equal the default run's bit for bit (the fake computes both the
+    same way) and the reference path's."""
+    q, kv, idx, kw = _sparse_attention_case(rng, thd, True)
+    dout, dlse = _upstream(rng, q, kw)
+    monkeypatch.setattr(config, "deterministic_backward", True)
+    monkeypatch.setattr(config, "deterministic_workspace_bytes", 12345)
+    got = _sparse_attention_run(q, kv, idx, dout, dlse, "out+lse", **kw)
+    assert fake.deterministic == [12345]
+    monkeypatch.setattr(config, "deterministic_backward", False)
+    _same_grads(got, _sparse_attention_run(q, kv, idx, dout, dlse, "out+lse", **kw))
+    assert fake.deterministic == [12345]
+    _same_grads(got, reference(monkeypatch, _sparse_attention_run, q, kv, idx, dout, dlse, "out+lse", **kw))
+
+
+@pytest.mark.parametrize("n,n_kv", [(1, 1), (37, 5), (4096, 300), (5000, 1)])
+def test_deterministic_workspace_sort_keys(rng, n, n_kv):
+    """seam.DeterministicWorkspace.sort_keys on CPU: every key in [-1, n_kv) with many ties; the result is numpy's
+    stable sort by key (-1 as n_kv, last), as int32, and the same on a rerun."""
+    keys = rng.integers(-1, n_kv, size=n).astype(np.int32)
+    ws = seam.DeterministicWorkspace()
+    buf = ws.alloc((n, 2), "float32")
+    assert buf.dtype == paddle.float32 and list(buf.shape) == [n, 2]
+    t = paddle.to_tensor(keys)
+    sk, order = ws.sort_keys(t, n_kv)
+    assert sk.dtype == order.dtype == paddle.int32
+    k = np.where(keys < 0, n_kv, keys)
+    want = np.argsort(k, kind="stable")
+    np.testing.assert_array_equal(order.numpy(), want)
+    np.testing.assert_array_equal(sk.numpy(), k[want])
+    sk2, order2 = ws.sort_keys(t, n_kv)
+    np.testing.assert_array_equal(order2.numpy(), order.numpy())
+
+
+@pytest.mark.parametrize("thd", [False, True])
 def test_sparse_attention_backward_unrouted_stays_on_reference(rng, monkeypatch, thd):
     """With "sparse_attention_bwd" taken out of ROUTED (the fallback while a backward kernel is off): the forward on
     the kernel seam, the backward on the reference path (kernel route: rows and the slot table rebuilt there) with a

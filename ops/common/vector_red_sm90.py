@@ -18,6 +18,9 @@ Why the layout of a warp instruction matters (H200, bench/red_lines.py, 2026-12-
 rows): the L2 takes 106 / 155 / 206 / 246 G v4 requests/s when one instruction adds 16 / 32 / 64 / 128 contiguous
 bytes a row (32 / 16 / 8 / 4 rows); wider runs gain nothing more. The first form for d_index_k (a lane-pair swap)
 gave 32 bytes a row; line_rows replaced it.
+st_tile_pairs is the plain-store form for the deterministic staging buffers (no shuffle: each lane stores its own
+column pairs, 8 rows x 32 bytes a warp instruction; a v4 store after line_rows made ptxas serialize the sparse
+attention backward's wgmmas, C7512, where red.v4 did not, CPU 2026-12-04).
 Every lane of the warp must take part (the calls sit outside any per-lane condition); the reductions are then
 issued under the lane's own validity test. The global address must be 16-byte aligned: the seams require the
 buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
@@ -25,6 +28,7 @@ buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
 
 
 @cute.jit
@@ -33,6 +37,14 @@ def red_add_v4(ptr, x0: Float32, x1: Float32, x2: Float32, x3: Float32):
     v = cute.make_rmem_tensor((4,), Float32)
     v[0], v[1], v[2], v[3] = x0, x1, x2, x3
     cute.arch.red(ptr, v.load(), op="add", dtype=Float32, sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def st_v2(ptr, x0: Float32, x1: Float32):
+    """*ptr[0:2] = (x0, x1) as one st.global.v2.f32 (ptr 8-byte aligned; inline PTX)."""
+    llvm.inline_asm(None, [ptr.toint().ir_value(), x0.ir_value(), x1.ir_value()],
+                    "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 def swap_lane_bit(v, hi, offset: int, vmask: int):
@@ -116,3 +128,18 @@ def red_tile_halflines(k_mn: cute.Tensor, krow: cute.Tensor, lane: Int32, mDst: 
                     red_add_v4(mDst.iterator + cute.crd2idx((kr, col0 + 32 * ln + 16 * j1 + col_lane, batch),
                                                             mDst.layout),
                                w[8 * r + 4 * j1], w[8 * r + 4 * j1 + 1], w[8 * r + 4 * j1 + 2], w[8 * r + 4 * j1 + 3])
+
+
+@cute.jit
+def st_tile_pairs(k_mn: cute.Tensor, own0: Int32, own1: Int32, lane: Int32, mDst: cute.Tensor, col0):
+    """Writes an m64 accumulator tile (k_mn its (row, column) view) to mDst[row, col0 + column] (fp32, 2-D) as it
+    lies in the registers: one st.global.v2 per column pair, row lane >> 2 + 8 r going to row own_r (skipped where
+    own_r < 0); a warp instruction writes 8 rows x 32 bytes (whole sectors). No shuffle: the plain-store form for
+    a destination each row of which one warp writes (the deterministic staging buffers)."""
+    n_pairs = cute.size(k_mn, mode=[1]) // 2
+    for r in cutlass.range_constexpr(2):
+        kr = own0 if r == 0 else own1
+        if kr >= 0:
+            for j in cutlass.range_constexpr(n_pairs):
+                st_v2(mDst.iterator + cute.crd2idx((kr, col0 + 8 * j + 2 * (lane % 4)), mDst.layout),
+                      k_mn[r, 2 * j], k_mn[r, 2 * j + 1])

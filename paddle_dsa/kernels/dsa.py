@@ -151,14 +151,16 @@ def sparse_attention(query, kv, topk_indices, *, scale, v_dim, attn_sink, topk_l
 
 
 def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, scale, attn_sink, dlse, topk_length, cu_q,
-                         cu_k):
+                         cu_k, deterministic=False, workspace_bytes=1 << 30):
     """(dq in query's dtype and shape, dkv float32 shaped like kv, d_sink float32 [H] or None) of sparse_attention.
 
     out / dout [B,Sq,H,Dv] / [Tq,H,Dv] in query's dtype; softmax_lse float32 [B,H,Sq] / [H,Tq] as the forward returned
     it (the public layout), dlse float32 in that layout or None; attn_sink float32 [H] or None; cu_q / cu_k device
     tensors (THD) or None. dkv comes from _empty like every output: the seam zeroes it, then accumulates (fp32
-    atomics). d_sink is the per-row d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on
-    the same stream): nothing is read on the host."""
+    atomics; deterministic: staged rows summed per key in a fixed order, in chunks of query rows whose staging
+    buffer stays within workspace_bytes, the sort by key done here by DeterministicWorkspace). d_sink is the per-row
+    d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on the same stream): nothing is
+    read on the host."""
     thd = cu_q is not None
     heads = PORT.shape(query)[-2]
     dq = _empty(PORT.shape(query), query.dtype)
@@ -169,9 +171,34 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
         ex(query), ex(kv), ex(topk_indices), ex(out), ex(dout), ex(softmax_lse), _out(dq), _out(dkv),
         softmax_scale=scale, attn_sink=_opt(attn_sink), d_sink_rows=None if d_sink_rows is None else _out(d_sink_rows),
         dlse=_opt(dlse), topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
-        stream=PORT.stream_handle(query))
+        deterministic=bool(deterministic), workspace=DeterministicWorkspace() if deterministic else None,
+        workspace_bytes=int(workspace_bytes), stream=PORT.stream_handle(query))
     d_sink = None if d_sink_rows is None else d_sink_rows.reshape([-1, heads]).sum(axis=0)
     return dq, dkv, d_sink
+
+
+class DeterministicWorkspace:
+    """The Paddle side of the deterministic sparse backwards (ops/dsa/sparse_attn/bwd.py, `workspace`): buffers from
+    _empty (the kernels write every element they read), exported writable, and the sort of the staged entries by key,
+    all on Paddle's current stream, nothing read on the host."""
+
+    @staticmethod
+    def alloc(shape, dtype):
+        return _empty(shape, PORT.dtype_from_name(dtype))
+
+    @staticmethod
+    def export(t):
+        return PORT.export(t, writable=True)
+
+    @staticmethod
+    def sort_keys(keys, n_kv):
+        """(sorted_keys, order), int32 [E]: the entries' keys ascending (a key < 0, no contribution, becomes n_kv and
+        sorts last), order[i] the entry at position i, equal keys by increasing entry: one sort of the unique int64
+        values key * E + entry, so the result does not depend on how the sort orders ties."""
+        n = int(PORT.shape(keys)[0])
+        k = paddle.where(keys < 0, paddle.full_like(keys, n_kv), keys).astype(paddle.int64)
+        s = paddle.sort(k * n + paddle.arange(n, dtype=paddle.int64))
+        return (s // n).astype(paddle.int32), (s % n).astype(paddle.int32)
 
 
 def _index_grads(index_q, index_k, weights):

@@ -4,6 +4,7 @@ local memory; the backward's fp32 reductions); the seams' argument checks raise 
 any compile or launch ("CUDA" tensors are host arrays relabelled through DLPack, cuda_labelled.py; only invalid calls
 are made)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ def test_bwd_ptx(tmp_path):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.sparse_attn import bwd; "
-            f"bwd.compile_variant((576, 512, 64, False, False, False, False))")
+            f"bwd.compile_variant(bwd.variant_key(576, 512, 64, False, False, False, False))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     # consumer A: S (9 chunks x 4 k16), dP (8 x 4), dq chunks 0-3 (4 x 4 k16 over 64 keys), dkv tiles 7 (4 + 4) and
@@ -56,6 +57,29 @@ def test_bwd_ptx(tmp_path):
     assert text.count("red.relaxed.gpu.global.add.v4.f32") == 9 * 2 * 4
     assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
+
+
+def test_bwd_deterministic_ptx(tmp_path):
+    """The deterministic variant (THD, H 128, topk_length, sink, dlse): the same wgmmas and gathers, no reduction
+    at all: each dkv tile stored to the staging rows as it lies in the registers (st.global.v2, no shuffle)."""
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
+               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.sparse_attn import bwd; "
+            f"bwd.compile_variant(bwd.variant_key(576, 512, 128, True, True, True, True, True))")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
+    assert text.count("wgmma.mma_async") == (36 + 32 + 4 * 4 + 8 + 4) + (5 * 4 + 7 * 8)
+    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
+    assert not re.search(r"\b(red|atom)\.", text)
+    # a 64 x 64 tile: 2 rows x 8 column pairs a thread; 9 tiles
+    assert text.count("st.global.v2.f32") == 9 * 2 * 8
+    assert "st.local" not in text and "ld.local" not in text
+
+
+@pytest.mark.parametrize("key", __import__("ops.common.segment_sum_sm90", fromlist=["x"]).variant_keys())
+def test_compile_segment_sum(key):
+    from ops.common import segment_sum_sm90
+    assert segment_sum_sm90.compile_variant(*key) is not None
 
 
 def test_ptx(tmp_path):

@@ -41,6 +41,8 @@ KERNELS = {
                        "False, True, True))",
     "sparse_attn_bwd": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True, False))",
+    "sparse_attn_bwd_deterministic": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, "
+                                     "512, 128, True, True, True, True, True))",
     "sparse_indexer_bwd": "from ops.dsa.indexer import sparse_bwd as m; m.compile_variant(m.variant_key(128, 64, "
                           "'float32', False, False))",
     "dense_indexer_bwd": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant(m.variant_key(128, 64, "

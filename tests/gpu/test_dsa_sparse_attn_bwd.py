@@ -5,7 +5,11 @@ rel_rms within 2x the float32 implementation that rounds where the kernel must (
 d_sink within 2x its absolute error; no NaN/inf for finite inputs; rows with no valid slot: dq exactly 0.
 Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), topk_length random and 0, invalid / duplicate
 slots, whole invalid blocks, Skv < K, sinks and dlse, degenerate lse (-1e30, +inf), bitwise reruns of dq and
-d_sink_rows (dkv: fp32 atomics, within the re-association bound), a CUDA graph capture.
+d_sink_rows (dkv: fp32 atomics, within the re-association bound), a CUDA graph capture. Deterministic mode
+(deterministic=True, TorchWorkspace below: staging buffer NaN-poisoned, keys poisoned with 0, so an unwritten key or
+a read of an unwritten staging row puts NaN into dkv): the same gates, dq / d_sink_rows equal to the default mode's
+bit for bit, dkv bitwise the same for every chunking (the per-key order is (row, slot, head group) whatever the
+chunk size) and over 100 reruns, graph capture.
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_attn_bwd.py
 """
 import math
@@ -47,13 +51,39 @@ def forward(q, kv, idx, scale, **kw):
     return o.to(torch.bfloat16), l.float().contiguous()   # the reference's lse is a [B,Sq,H] view
 
 
+class TorchWorkspace:
+    """The framework side of deterministic=True for this harness (the Paddle one: paddle_dsa/kernels/dsa.py
+    DeterministicWorkspace): poisoned buffers, and the sort of the entries by key (unique int64 key * E + entry)."""
+
+    def __init__(self):
+        self.chunks = 0
+
+    def alloc(self, shape, dtype):
+        if dtype == "int32":
+            self.chunks += 1
+            return torch.zeros(shape, device=DEV, dtype=torch.int32)      # key 0: a real key, wrong if unwritten
+        return torch.full(shape, NAN, device=DEV, dtype=getattr(torch, dtype))
+
+    def export(self, t):
+        return t
+
+    def sort_keys(self, keys, n_kv):
+        n = keys.shape[0]
+        k = torch.where(keys < 0, n_kv, keys).long()
+        s = torch.sort(k * n + torch.arange(n, device=DEV)).values
+        return (s // n).int(), (s % n).int()
+
+
 def run(q, kv, idx, out, dout, lse, scale, *, sink=None, dlse=None, topk_length=None, cu_q=None, cu_k=None,
-        stream=None):
+        stream=None, deterministic=False, workspace_bytes=1 << 30, workspace=None):
     dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
     dkv = torch.full(kv.shape, NAN, device=DEV)
     ds = None if sink is None else torch.full(q.shape[:-1], NAN, device=DEV)
+    if deterministic and workspace is None:
+        workspace = TorchWorkspace()
     sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=scale, attn_sink=sink, d_sink_rows=ds,
                     dlse=dlse, topk_length=topk_length, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    deterministic=deterministic, workspace=workspace, workspace_bytes=workspace_bytes,
                     stream=torch.cuda.current_stream().cuda_stream if stream is None else stream)
     return dq, dkv, ds
 
@@ -64,13 +94,14 @@ def worst_row(x, ex):
     return (d / torch.where(n > 0, n, torch.ones_like(n))).max().item()
 
 
-def check(q, kv, idx, scale, *, dlse_scale=0.0, lse_override=None, factor=2.0, **kw):
+def check(q, kv, idx, scale, *, dlse_scale=0.0, lse_override=None, factor=2.0, det=None, **kw):
+    """det: run()'s deterministic keywords (deterministic, workspace_bytes, workspace)."""
     out, lse = forward(q, kv, idx, scale, **kw)
     if lse_override is not None:
         lse = lse_override(lse)
     dout = rnd(*out.shape)
     dlse = None if not dlse_scale else torch.randn(lse.shape, device=DEV) * dlse_scale
-    dq, dkv, ds = run(q, kv, idx, out, dout, lse, scale, dlse=dlse, **kw)
+    dq, dkv, ds = run(q, kv, idx, out, dout, lse, scale, dlse=dlse, **kw, **(det or {}))
     torch.cuda.synchronize()
     ref = dict(dv=DV, dlse=dlse, **kw)
     ex = sparse_attention_bwd(q, kv, scale, idx, out, dout, lse, **ref)
@@ -86,6 +117,10 @@ def check(q, kv, idx, scale, *, dlse_scale=0.0, lse_override=None, factor=2.0, *
         d_k = (ds.double() - ex[2]).abs().max().item()
         d_f = (fl[2].double() - ex[2]).abs().max().item()
         assert d_k <= factor * d_f + 1e-6 * (1 + ex[2].abs().max().item()), f"d_sink err {d_k:.3e} vs {d_f:.3e}"
+    if det:     # the same inputs in the default mode: dq and d_sink_rows do not depend on the mode
+        dq0, dkv0, ds0 = run(q, kv, idx, out, dout, lse, scale, dlse=dlse, **kw)
+        assert torch.equal(dq, dq0) and (ds is None or torch.equal(ds, ds0))
+        assert ((dkv - dkv0).abs() <= 2 ** -14 * dkv0.abs().max()).all()
     return dq, dkv, ds
 
 
@@ -211,3 +246,90 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(dq, ex[0]) and torch.isfinite(dkv).all()
     assert ((dkv - ex[1]).abs() <= 2 ** -14 * ex[1].abs().max()).all()
+
+
+def row_bytes(rows, K, H, D):
+    """Staging bytes of one query row (the seam's chunk unit)."""
+    return (rows[0] if len(rows) == 2 else 1) * K * (H // 64) * D * 4
+
+
+@pytest.mark.parametrize("H,D", HD)
+def test_deterministic_dense(H, D):
+    """Invalid / duplicate slots, a whole invalid row, topk_length 0 and random; 7-row chunks (4 chunks)."""
+    Sq, Skv, K = 24, 300, 200
+    q, kv = inputs((2, Sq), Skv, H, D, 31 + H + D)
+    idx = indices((2, Sq), K, Skv)
+    idx[0, 3] = -1
+    idx[1, 6, :K // 2] = idx[1, 6, :1]
+    tl = torch.randint(0, K + 20, (2, Sq), device=DEV, dtype=torch.int32)
+    tl[0, 0] = 0
+    ws = TorchWorkspace()
+    det = dict(deterministic=True, workspace_bytes=7 * row_bytes((2, Sq), K, H, D), workspace=ws)
+    dq, _, _ = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl, det=det)
+    assert ws.chunks == 4 and (dq[0, 0] == 0).all() and (dq[0, 3] == 0).all()
+    check(q, kv, idx, 1 / math.sqrt(D), det=dict(deterministic=True))
+
+
+@pytest.mark.parametrize("H,D", [(128, 576), (64, 512)])
+def test_deterministic_thd(H, D):
+    """Empty segment, rows past cu_seqlens_q[-1] (their keys -1), sink and dlse; one-row chunks and one chunk."""
+    torch.manual_seed(12)
+    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 96
+    q, kv = rnd(Tq, H, D), rnd(Tk, D)
+    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    tl = torch.randint(0, K + 1, (Tq,), device=DEV, dtype=torch.int32)
+    sink = torch.randn(H, device=DEV) * 3
+    for wb in (0, 1 << 30):
+        dq, _, _ = check(q, kv, idx, 1 / math.sqrt(D), cu_q=cu_q, cu_k=cu_k, topk_length=tl, sink=sink,
+                         dlse_scale=0.5, det=dict(deterministic=True, workspace_bytes=wb))
+        assert (dq[int(cu_q[-1]):] == 0).all()
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_deterministic_bitwise(H):
+    """dkv, dq and d_sink_rows bit for bit: over 100 reruns, and for chunks of 1, 5 and all rows (the per-key sum
+    order is (row, slot, head group) whatever the chunking). Many rows share each key (Skv 64, K 256, duplicates)."""
+    D, Sq, Skv, K = 576, 40, 64, 256
+    q, kv = inputs((2, Sq), Skv, H, D, 41)
+    idx = torch.randint(0, Skv, (2, Sq, K), device=DEV, dtype=torch.int32)
+    out, lse = forward(q, kv, idx, 0.05)
+    dout = rnd(*out.shape)
+    sink = torch.randn(H, device=DEV)
+    rb = row_bytes((2, Sq), K, H, D)
+    base = run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True)
+    assert all(torch.isfinite(t).all() for t in base)
+    for wb in (0, 5 * rb + 1, 1 << 30):
+        got = run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True, workspace_bytes=wb)
+        assert all(torch.equal(a, b) for a, b in zip(got, base)), wb
+    for _ in range(100):
+        got = run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, base))
+
+
+def test_deterministic_cuda_graph_capture():
+    H, D, Sq, Skv, K = 128, 576, 12, 300, 128
+    q, kv = inputs((2, Sq), Skv, H, D, 19)
+    idx = indices((2, Sq), K, Skv)
+    out, lse = forward(q, kv, idx, 0.05)
+    dout = rnd(*out.shape)
+    dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
+    dkv = torch.full(kv.shape, NAN, device=DEV)
+    kw = dict(softmax_scale=0.05, deterministic=True, workspace=TorchWorkspace(),
+              workspace_bytes=3 * row_bytes((2, Sq), K, H, D))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, stream=s.cuda_stream, **kw)
+    torch.cuda.synchronize()
+    dq.fill_(NAN)
+    dkv.fill_(NAN)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, stream=s.cuda_stream, **kw)
+    g.replay()
+    torch.cuda.synchronize()
+    ex = run(q, kv, idx, out, dout, lse, 0.05, deterministic=True)
+    torch.cuda.synchronize()
+    assert torch.equal(dq, ex[0]) and torch.equal(dkv, ex[1])

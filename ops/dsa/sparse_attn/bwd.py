@@ -1,7 +1,8 @@
 """Seam of the sparse MLA attention backward kernel: validate, zero the dkv accumulator, launch.
 
 ``sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale, attn_sink=None,
-d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0) -> None``
+d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False,
+workspace=None, workspace_bytes=1 << 30, stream=0) -> None``
 
   dense : query bf16 [B,Sq,H,Dqk], kv bf16 [B,Skv,Dqk], topk_indices int32 [B,Sq,K], out / dout bf16 [B,Sq,H,Dv],
           softmax_lse fp32 [B,H,Sq] (the forward's, sink not included), dq bf16 like query (written),
@@ -9,8 +10,22 @@ d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=N
           (written; d_attn_sink = its sum over rows), dlse fp32 like softmax_lse, topk_length int32 [B,Sq]
   THD   : [Tq,H,Dqk], [Tkv,Dqk], [Tq,K], [Tq,H,Dv], [H,Tq], [Tq,H,Dqk], [Tkv,Dqk], [H], [Tq,H], [H,Tq], [Tq],
           cu_seqlens_q/k int32 [batch+1]
-Semantics: bwd_sm90.py. Variants: (Dqk, Dv, H, varlen, with topk_length, with sink, with dlse). dkv is not
-deterministic (fp32 atomics). Every check raises ValueError naming the argument before any compile or launch.
+Semantics: bwd_sm90.py. Variants: (Dqk, Dv, H, varlen, with topk_length, with sink, with dlse, deterministic).
+Every check raises ValueError naming the argument before any compile or launch.
+
+dkv: by default fp32 atomics (red.v4), not bitwise deterministic. deterministic=True: bitwise reproducible, in
+chunks of query rows, each chunk's rows of no more than `workspace_bytes` of staging buffer (at least one row):
+  1. the kernel (deterministic variant) writes each valid slot's dkv row (per head group) to a staging buffer
+     fp32 [E G, Dqk] (E = rows x B x K entries, G = H / 64) and each entry's global kv row (b Skv + idx, or the
+     THD row; -1: no contribution) to keys int32 [E]; dq and d_sink_rows as always;
+  2. workspace.sort_keys orders the entries by key (ties by entry id);
+  3. ops/common/segment_sum_sm90.py adds each key's entries to dkv in that order (chunk after chunk).
+`workspace` is the framework's side of this: .alloc(shape, dtype_name) -> a new uninitialised tensor,
+.export(t) -> its DLPack export (writable, never a copy), .sort_keys(keys, n_kv) -> (sorted_keys, order), both
+int32 [E] tensors of the framework: sorted_keys the keys in non-decreasing order (an entry whose key is outside
+[0, n_kv), i.e. -1, may sort anywhere the order stays non-decreasing: it is never summed), order[i] the entry at
+position i, equal keys in increasing entry order; every op on the stream `stream`.
+Memory: the staging buffer (<= workspace_bytes, or one row's worth) and 3 int32 [E] per chunk.
 """
 import math
 import os
@@ -22,21 +37,22 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 _CACHE = {}
 
 
-def variant_key(head_dim, v_head_dim, heads, varlen, has_length, has_sink, has_dlse):
+def variant_key(head_dim, v_head_dim, heads, varlen, has_length, has_sink, has_dlse, deterministic=False):
     return (int(head_dim), int(v_head_dim), int(heads), bool(varlen), bool(has_length), bool(has_sink),
-            bool(has_dlse))
+            bool(has_dlse), bool(deterministic))
 
 
 def all_variant_keys():
-    return [variant_key(d, dv, h, vl, tl, sk, dl) for d, dv in supported.QK_V_HEAD_DIMS for h in supported.QUERY_HEADS
-            for vl in (False, True) for tl in (False, True) for sk in (False, True) for dl in (False, True)]
+    return [variant_key(d, dv, h, vl, tl, sk, dl, det) for d, dv in supported.QK_V_HEAD_DIMS
+            for h in supported.QUERY_HEADS for vl in (False, True) for tl in (False, True) for sk in (False, True)
+            for dl in (False, True) for det in (False, True)]
 
 
 def fake_args(key):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
     from ...common.head_sum_host import fake_tensor
-    D, Dv, H, varlen, has_len, has_sink, has_dlse = key
+    D, Dv, H, varlen, has_len, has_sink, has_dlse, det = key
     bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     lead = (None,) if varlen else (None, None)
     lse_shape = (H, None) if varlen else (None, H, None)
@@ -51,9 +67,13 @@ def fake_args(key):
     dlse = fake_tensor(f32, lse_shape, 1, 4) if has_dlse else None
     dq = fake_tensor(bf, lead + (H, D), 1, 2)
     dkv = fake_tensor(f32, lead + (D,), 4, 16)      # contiguous, 16-byte aligned (red.v4)
+    if det:                                          # the staging buffer [E G, D] and the entries' keys [E]
+        dkv = fake_tensor(f32, (None, D), 4, 16)
+    keys = fake_tensor(i32, (None,), 1, 4) if det else None
     dsink = fake_tensor(f32, lead + (H,), 1, 4) if has_sink else None
     cu = (lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None)
-    return (q, kv, idx, length, sink, out, dout, lse, dlse, dq, dkv, dsink, cu(), cu(), f32(1.0), make_fake_stream())
+    return (q, kv, idx, length, sink, out, dout, lse, dlse, dq, dkv, dsink, cu(), cu(), keys, i32(0), f32(1.0),
+            make_fake_stream())
 
 
 def compile_variant(key):
@@ -68,7 +88,8 @@ def compile_variant(key):
 
 
 def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale, attn_sink=None,
-                    d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+                    d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
     from ...common.fill_sm90 import fill_f32
     from ...common.tensors import arg_tensor, stream_handle
     from .fwd import SparseAttnCall, checked_scale
@@ -98,6 +119,14 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
             raise ValueError(f"dlse: expected shape {at['softmax_lse'].shape} (as softmax_lse), got {dla.shape}")
         dla.require_inner_contiguous(4)
     scale = checked_scale(softmax_scale)
+    deterministic = bool(deterministic)
+    if deterministic:
+        if workspace is None or not all(callable(getattr(workspace, m, None)) for m in ("alloc", "export",
+                                                                                       "sort_keys")):
+            raise ValueError("workspace: deterministic=True needs an object with alloc, export and sort_keys "
+                             "(see ops/dsa/sparse_attn/bwd.py)")
+        if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or workspace_bytes < 0:
+            raise ValueError(f"workspace_bytes: expected an int >= 0, got {workspace_bytes!r}")
     n_kv = 1
     for d in dkva.shape:
         n_kv *= d
@@ -115,9 +144,36 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
     if doa.strides[-3] != H * doa.strides[-2]:
         raise ValueError(f"dout: the (row, head) axes must be mergeable, got strides {doa.strides}")
     dqa.require_inner_contiguous(2)
+    n_slots = at["topk_indices"].shape[-1]
+    deterministic = deterministic and n_slots > 0     # no slot: no dkv term, the plain kernel is exact
     fn = compile_variant(variant_key(call.head_dim, call.v_head_dim, H, call.varlen, topk_length is not None,
-                                     attn_sink is not None, dlse is not None))
+                                     attn_sink is not None, dlse is not None, deterministic))
     opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
-    fn(qa.ffi, kva.ffi, at["topk_indices"].ffi, opt("topk_length"), opt("attn_sink"), oa.ffi, doa.ffi,
-       at["softmax_lse"].ffi, opt("dlse"), dqa.ffi, dkva.ffi, opt("d_sink_rows"), opt("cu_seqlens_q"),
-       opt("cu_seqlens_k"), scale, s)
+    args = (qa.ffi, kva.ffi, at["topk_indices"].ffi, opt("topk_length"), opt("attn_sink"), oa.ffi, doa.ffi,
+            at["softmax_lse"].ffi, opt("dlse"), dqa.ffi)
+    tail = (opt("d_sink_rows"), opt("cu_seqlens_q"), opt("cu_seqlens_k"))
+    if not deterministic:
+        fn(*args, dkva.ffi, *tail, None, 0, scale, s)
+        return
+    from ...common.segment_sum_sm90 import segment_sum
+    groups, width = H // 64, call.head_dim
+    n_batch = 1 if call.varlen else rows[0]
+    n_rows = rows[-1]                         # Sq, or Tq
+    per_row = n_batch * n_slots               # entries a query row
+    cap = (2 ** 31 - 1) // (per_row * groups * width)     # int32 element offsets in the staging buffer
+    if cap < 1:
+        raise ValueError(f"topk_indices: {n_slots} slots x batch {n_batch} is too large for the deterministic "
+                         f"backward (staging offsets must fit int32)")
+    chunk = max(1, min(cap, workspace_bytes // (per_row * groups * width * 4)))
+    kv_rows = n_kv // width
+    for row0 in range(0, n_rows, chunk):
+        n_e = min(chunk, n_rows - row0) * per_row
+        stage = arg_tensor(workspace.export(workspace.alloc((n_e * groups, width), "float32")), "staging workspace")
+        keys_t = workspace.alloc((n_e,), "int32")
+        keys = arg_tensor(workspace.export(keys_t), "keys workspace")
+        fn(*args, stage.ffi, *tail, keys.ffi, row0, scale, s)
+        if kv_rows:
+            sorted_keys, order = workspace.sort_keys(keys_t, kv_rows)
+            segment_sum(stage.ffi, arg_tensor(workspace.export(sorted_keys), "sorted keys").ffi,
+                        arg_tensor(workspace.export(order), "entry order").ffi, dkva.ffi, width=width,
+                        rank=len(dkva.shape), n_out=kv_rows, groups=groups, stream=s)

@@ -51,6 +51,17 @@ Shared memory (Dqk 576): Q 72 + dout 64 + kv 72 + sP 8 + sdS 8 KiB = 224 KiB of 
 Layouts: as the forward; out/dout bf16 [B,Sq,H,Dv] / [Tq,H,Dv], dq bf16 like q, dkv fp32 [B,Skv,Dqk] / [Tkv,Dqk]
 (accumulated: zero it first; the seam does), dlse like lse, d_sink_rows fp32 [B,Sq,H] / [Tq,H] (every element
 written). Not deterministic: dkv sums arrive in any order (fp32 atomics).
+Deterministic variant (deterministic=True; the seam, ops/dsa/sparse_attn/bwd.py, sums the result per key): the
+grid covers the query rows [row0, row0 + R) of every batch; entry e = ((row - row0) B + batch) K + slot; mdKV is a
+staging buffer fp32 [E G, Dqk] (G = H / 64) and entry e's dkv rows (head group grp) are row e G + grp, written with
+plain stores as the tile lies in the registers (vector_red_sm90.st_tile_pairs: each row by one warp, no atomics);
+mKeys[e] = the slot's global kv row (b Skv + idx, or the THD row), -1 where the slot adds nothing. The producer
+publishes the staging row instead of the kv row in sRows (publish_rows), so the consumers are the same code; head
+group 0's producer writes the keys of the gathered blocks as it publishes them and -1 for the slots past the last
+block (clear_row: all of a THD tail row's). Every valid slot's staging rows and every key of the chunk are written;
+an invalid slot's staging rows are not (the seam never reads them). CPU only so far (2026-12-04): compiled for
+sm_90a, no wgmma serialization in any of its 64 variants (spills 32-120 bytes), the non-deterministic PTX unchanged
+but for one unused parameter; not yet run on the H200.
 
 Status (H200, 2026-12-04 21:00 UTC, tree f51b752): tests/gpu/test_dsa_sparse_attn_bwd.py 23 passed, racecheck /
 memcheck clean. Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64 7.50 ms (389 TFLOP/s) against cuDNN frontend's 6.42
@@ -73,7 +84,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_sum
-from ...common.vector_red_sm90 import partner_rows, red_tile_halflines, red_tile_lines
+from ...common.vector_red_sm90 import partner_rows, red_tile_halflines, red_tile_lines, st_tile_pairs
 
 LOG2E = math.log2(math.e)
 HG = 64              # heads per CTA
@@ -86,7 +97,7 @@ DQ_A = 4             # dq chunks [0, 4) on consumer A, [4, NC) on consumer B
 
 
 class SparseAttnBwdSm90(SlotRows, BlockGather):
-    """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse)."""
+    """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink, has_dlse, deterministic)."""
 
     LAG = 3
     DKV_A = 2            # dkv tiles (the last chunks) consumer A adds after its dq; B adds the rest
@@ -94,12 +105,14 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     RED64 = 0            # 1: dkv by 8 rows x 64 bytes a red.v4 instruction (half the shuffles; not measured yet)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
-                 has_dlse: bool):
+                 has_dlse: bool, deterministic: bool = False):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
         self.D, self.Dv, self.H = head_dim, v_head_dim, heads
         self.NC, self.NV = head_dim // DC, v_head_dim // DC
         self.stages = self.NC                     # one kv slot, a stage per chunk
         self.varlen, self.has_length, self.has_sink, self.has_dlse = varlen, has_length, has_sink, has_dlse
+        self.stage = deterministic                # dkv rows to the staging buffer (st.v4), keys to mKeys
+        self.G = heads // HG
         self.dt = cutlass.BFloat16
         self.pieces = BK * DC // PIECE // 128     # 4
 
@@ -112,8 +125,10 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mSink: cute.Tensor,
                  mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mdQ: cute.Tensor,
-                 mdKV: cute.Tensor, mdSink: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, scale: Float32,
-                 stream):
+                 mdKV: cute.Tensor, mdSink: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mKeys: cute.Tensor,
+                 row0: Int32, scale: Float32, stream):
+        """Deterministic variant: mdKV is the staging buffer fp32 [E G, Dqk] and mKeys int32 [E] of the rows
+        [row0, row0 + E / (B K)) (E = rows x B x K, B = 1 for THD); otherwise mKeys is None and row0 0."""
         D, Dv, H, dt = self.D, self.Dv, self.H, self.dt
         if cutlass.const_expr(self.varlen):
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
@@ -133,6 +148,9 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             dkv_v = cute.make_tensor(mdKV.iterator, cute.make_layout((mdKV.shape[1], D, mdKV.shape[0]),
                                                                      stride=(mdKV.stride[1], 1, mdKV.stride[0])))
             grid = (mQ.shape[1], H // HG, mQ.shape[0])
+        if cutlass.const_expr(self.stage):
+            dkv_v = cute.make_tensor(mdKV.iterator, cute.make_layout((mdKV.shape[0], D), stride=(D, 1)))
+            grid = (mKeys.shape[0] // (grid[2] * mIdx.shape[len(mIdx.shape) - 1]), grid[1], grid[2])
         K, MN, L = OperandMajorMode.K, OperandMajorMode.MN, LayoutEnum
         mma = lambda a, b, **kw: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
                                                                     tiler_mn=(64, 64), **kw)
@@ -167,7 +185,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tQ, tma_do, tdO, kv_v, dkv_v, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, mCuQ,
-                    mCuK, scale, mmas, layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream,
+                    mCuK, mKeys, row0, scale, mmas, layouts).launch(grid=grid, block=(NUM_THREADS, 1, 1), stream=stream,
                                                        min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
@@ -175,14 +193,18 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_do: cute.CopyAtom, tdO: cute.Tensor,
                mKv: cute.Tensor, mdKV: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mSink: cute.Tensor,
                mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mdQ: cute.Tensor,
-               mdSink: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, scale: Float32, mmas, layouts):
+               mdSink: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mKeys: cute.Tensor, row0: Int32,
+               scale: Float32, mmas, layouts):
         tidx, _, _ = cute.arch.thread_idx()
-        row, grp, batch = cute.arch.block_idx()
-        g = (tma_q, tQ, tma_do, tdO, mKv, mdKV, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, scale)
+        rel, grp, batch = cute.arch.block_idx()
+        row = rel
+        if cutlass.const_expr(self.stage):
+            row = row0 + rel
+        g = (tma_q, tQ, tma_do, tdO, mKv, mdKV, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, scale, mKeys, rel)
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
             if row >= mCuQ[n_seq]:
-                self.clear_row(mdQ, mdSink, row, grp, tidx)
+                self.clear_row(mdQ, mdSink, mKeys, row, rel, grp, tidx)
             else:
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
@@ -191,9 +213,16 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             self.backward_row(g, mmas, layouts, tidx, grp, batch, row, Int32(0), mKv.shape[0])
 
     @cute.jit
-    def clear_row(self, mdQ: cute.Tensor, mdSink: cute.Tensor, row: Int32, grp: Int32, tidx: Int32):
-        """A THD row at or past cu_seqlens_q[-1]: dq 0 and d_sink_rows 0 for this CTA's heads."""
+    def clear_row(self, mdQ: cute.Tensor, mdSink: cute.Tensor, mKeys: cute.Tensor, row: Int32, rel: Int32, grp: Int32,
+                  tidx: Int32):
+        """A THD row at or past cu_seqlens_q[-1]: dq 0 and d_sink_rows 0 for this CTA's heads (deterministic: keys
+        -1, no entry)."""
         h0 = grp * HG
+        if cutlass.const_expr(self.stage):
+            if grp == 0:
+                n_slots = mKeys.shape[0] // cute.arch.grid_dim()[0]
+                for i in cutlass.range(tidx, n_slots, NUM_THREADS, unroll=1):
+                    mKeys[rel * n_slots + i] = Int32(-1)
         for i in cutlass.range(tidx, HG * self.D, NUM_THREADS, unroll=1):
             mdQ[row, h0 + i // self.D, i % self.D] = self.dt(0.0)
         if cutlass.const_expr(self.has_sink):
@@ -208,7 +237,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
     @cute.jit
     def backward_row(self, g, mmas, layouts, tidx: Int32, grp: Int32, batch: Int32, row: Int32, k_off: Int32,
                      seqlen_k: Int32):
-        tma_q, tQ, tma_do, tdO, mKv, mdKV, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, scale = g
+        tma_q, tQ, tma_do, tdO, mKv, mdKV, mIdx, mLen, mSink, mO, mdO, mLSE, mdLSE, mdQ, mdSink, scale, mKeys, rel = g
         sQ_l, sQc_l, sdO_l, sdOc_l, sK_l, sKt_l, sS_l, sSt_l = layouts
         D, Dv = self.D, self.Dv
         n_slots = mIdx.shape[1] if cutlass.const_expr(self.varlen) else mIdx.shape[2]
@@ -247,7 +276,18 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             cute.arch.setmaxregister_decrease(40)
             if warp == 0:
                 load_resident_tiles(q_bar, self.tma_bytes, ((tma_q, tQg, tQs), (tma_do, tdOg, tdOs)))
-            self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
+            if cutlass.const_expr(self.stage):
+                # entry (rel, batch, slot) of the chunk is ebase + slot; its key the global kv row
+                n_batch = 1 if cutlass.const_expr(self.varlen) else mIdx.shape[0]
+                ebase = (rel * n_batch + batch) * n_slots
+                key_off = Int32(0) if cutlass.const_expr(self.varlen) else batch * seqlen_k
+                self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx,
+                             (sRows, mKeys, ebase, n_slots, key_off, grp))
+                if grp == 0:        # the slots past the last block: no entry
+                    for i in cutlass.range(n_blk * BK + tidx, n_slots, 128, unroll=1):
+                        mKeys[ebase + i] = Int32(-1)
+            else:
+                self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx, sRows)
         else:
             cute.arch.setmaxregister_increase(232)
             ctid = tidx - 128
@@ -462,21 +502,48 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
     @cute.jit
     def add_dkv(self, acc_kv, krow_b, lane: Int32, mdKV: cute.Tensor, batch: Int32, col0: cutlass.Constexpr):
-        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows."""
-        if cutlass.const_expr(self.RED64):
+        """The retired dkv tile (64 keys x 64 columns from col0) added to global fp32 at the valid keys' rows
+        (deterministic: stored to their staging rows)."""
+        if cutlass.const_expr(self.stage):
+            st_tile_pairs(acc_mn_view(acc_kv), krow_b[0, 0], krow_b[0, 1], lane, mdKV, col0)
+        elif cutlass.const_expr(self.RED64):
             red_tile_halflines(acc_mn_view(acc_kv), krow_b[0, None], lane, mdKV, batch, col0, DC // 32)
         else:
             red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
 
     def dkv_rows(self, krow_b, sRows, n, k_id, lane):
         """The dkv destination rows of block n for add_dkv (a plain function, traced inline): the rows line_rows
-        hands this lane (partner_rows), or with RED64 its own two rows in krow_b[0, :]."""
+        hands this lane (partner_rows), or with RED64 its own two rows in krow_b[0, :] (sRows: the kv rows, or
+        deterministic, the staging rows: publish_rows)."""
         own0, own1 = sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]]
-        if self.RED64:
+        if self.RED64 or self.stage:
             krow_b[0, 0] = own0
             krow_b[0, 1] = own1
         else:
             partner_rows(krow_b, own0, own1, lane)
+
+    def publish_rows(self, sRows, rows, n, tidx):
+        """The producer's slot rows of block n (gather_sm90.BlockGather.publish_rows, same threads, same ordering);
+        deterministic (sRows = (the tensor, mKeys, ebase, n_slots, key_off, grp)): a valid slot's staging row
+        (ebase + slot) G + grp instead of its kv row, and head group 0 writes mKeys[ebase + slot] = its global kv
+        row (-1: invalid) for the slots < n_slots. A plain function, traced inline."""
+        if not self.stage:
+            return BlockGather.publish_rows(self, sRows, rows, n, tidx)
+        return self.publish_stage_rows(*sRows, rows, n, tidx)
+
+    @cute.jit
+    def publish_stage_rows(self, sRows: cute.Tensor, mKeys: cute.Tensor, ebase: Int32, n_slots: Int32, key_off: Int32,
+                           grp: Int32, rows, n: Int32, tidx: Int32):
+        per_row = DC // PIECE
+        if tidx % per_row == 0:
+            for p in cutlass.range_constexpr(self.pieces):
+                r = (tidx + 128 * p) // per_row
+                slot = n * BK + r
+                ok = rows[p] >= 0
+                sRows[n % 2, r] = Int32(cutlass.select_(ok, (ebase + slot) * self.G + grp, Int32(-1)))
+                if grp == 0:
+                    if slot < n_slots:
+                        mKeys[ebase + slot] = Int32(cutlass.select_(ok, rows[p] + key_off, Int32(-1)))
 
     @cute.jit
     def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
