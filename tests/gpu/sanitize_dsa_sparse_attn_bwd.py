@@ -1,6 +1,8 @@
 """One small config per sparse attention backward flavour (dense with topk_length, sink, dlse and invalid slots; THD
-with an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero if any output element is
-left unwritten (NaN: dq, d_sink_rows and dkv are NaN-poisoned, the seam zeroes dkv before accumulating)."""
+with an empty segment and a tail), each also in deterministic mode in chunks (the staging kernel, the framework's
+sort, the segment sums; staging buffers NaN-poisoned), for compute-sanitizer racecheck/memcheck; exits non-zero if any
+output element is left unwritten (NaN: dq, d_sink_rows and dkv are NaN-poisoned, the seam zeroes dkv before
+accumulating) or a staging row is read unwritten (its NaN reaches dkv)."""
 import os
 import sys
 
@@ -11,6 +13,26 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.dsa.sparse_attn.bwd import sparse_attn_bwd  # noqa: E402
+
+
+class Workspace:
+    """deterministic=True's framework side (as tests/gpu/test_dsa_sparse_attn_bwd.py TorchWorkspace)."""
+
+    @staticmethod
+    def alloc(shape, dtype):
+        if dtype == "int32":
+            return torch.zeros(shape, device="cuda", dtype=torch.int32)
+        return torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, dtype))
+
+    @staticmethod
+    def export(t):
+        return t
+
+    @staticmethod
+    def sort_keys(keys, n_kv):
+        n = keys.shape[0]
+        s = torch.sort(torch.where(keys < 0, n_kv, keys).long() * n + torch.arange(n, device="cuda")).values
+        return (s // n).int(), (s % n).int()
 
 
 def main():
@@ -25,21 +47,25 @@ def main():
     sink = torch.randn(128, device=dev)
     out, dout = torch.randn(2, 3, 128, 512, device=dev).bfloat16(), torch.randn(2, 3, 128, 512, device=dev).bfloat16()
     lse, dlse = torch.randn(2, 128, 3, device=dev) + 5, torch.randn(2, 128, 3, device=dev)
-    dq, dkv = torch.full(q.shape, nan, device=dev).bfloat16(), torch.full(kv.shape, nan, device=dev)
-    ds = torch.full((2, 3, 128), nan, device=dev)
-    sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=0.04, attn_sink=sink, d_sink_rows=ds,
-                    dlse=dlse, topk_length=tl, stream=stream)
-    outs += [dq, dkv, ds]
+    for det in (False, True):
+        dq, dkv = torch.full(q.shape, nan, device=dev).bfloat16(), torch.full(kv.shape, nan, device=dev)
+        ds = torch.full((2, 3, 128), nan, device=dev)
+        sparse_attn_bwd(q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=0.04, attn_sink=sink, d_sink_rows=ds,
+                        dlse=dlse, topk_length=tl, deterministic=det, workspace=Workspace(),
+                        workspace_bytes=2 * 100 * 2 * 576 * 4, stream=stream)       # chunks of one row
+        outs += [dq, dkv, ds]
     cu_q = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
     cu_k = torch.tensor([0, 100, 101, 180], dtype=torch.int32, device=dev)
     qa, kva = torch.randn(9, 64, 512, device=dev).bfloat16(), torch.randn(190, 512, device=dev).bfloat16()
     ia = torch.randint(-1, 110, (9, 70), device=dev, dtype=torch.int32)
     oa, doa = torch.randn(9, 64, 512, device=dev).bfloat16(), torch.randn(9, 64, 512, device=dev).bfloat16()
     la = torch.randn(64, 9, device=dev) + 5
-    dqa, dkva = torch.full(qa.shape, nan, device=dev).bfloat16(), torch.full(kva.shape, nan, device=dev)
-    sparse_attn_bwd(qa, kva, ia, oa, doa, la, dqa, dkva, softmax_scale=0.04, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                    stream=stream)
-    outs += [dqa, dkva]
+    for det in (False, True):
+        dqa, dkva = torch.full(qa.shape, nan, device=dev).bfloat16(), torch.full(kva.shape, nan, device=dev)
+        sparse_attn_bwd(qa, kva, ia, oa, doa, la, dqa, dkva, softmax_scale=0.04, cu_seqlens_q=cu_q,
+                        cu_seqlens_k=cu_k, deterministic=det, workspace=Workspace(), workspace_bytes=4 * 70 * 512 * 4,
+                        stream=stream)                                                  # chunks of 4 rows
+        outs += [dqa, dkva]
     torch.cuda.synchronize()
     bad = int(sum(torch.isnan(t.float()).sum() for t in outs))
     print("sanitize_dsa_sparse_attn_bwd: unwritten (NaN) elements:", bad)
