@@ -31,6 +31,9 @@ import torch  # noqa: E402
 from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+from workspace import TorchWorkspace  # noqa: E402
+
 DEV = "cuda"
 
 
@@ -67,24 +70,6 @@ def bench(Sq, Skv, K, H, D, dv, iters, notes, with_eager=True):
     return res, 2.0 * Sq * K * H * (D + dv)
 
 
-class TorchWorkspace:
-    """deterministic=True's framework side for torch (ops/dsa/sparse_attn/bwd.py: alloc, export, sort_keys)."""
-
-    @staticmethod
-    def alloc(shape, dtype):
-        return torch.empty(shape, device=DEV, dtype=getattr(torch, dtype))
-
-    @staticmethod
-    def export(t):
-        return t
-
-    @staticmethod
-    def sort_keys(keys, n_kv):
-        n = keys.shape[0]
-        s = torch.sort(torch.where(keys < 0, n_kv, keys).long() * n + torch.arange(n, device=DEV)).values
-        return (s // n).int(), (s % n).int()
-
-
 def bench_bwd(Sq, Skv, K, H, D, dv, iters, notes):
     from ops.dsa.sparse_attn.bwd import sparse_attn_bwd
     g = torch.Generator(device=DEV).manual_seed(Sq + Skv + H)
@@ -109,7 +94,7 @@ def bench_bwd(Sq, Skv, K, H, D, dv, iters, notes):
     try:
         res["ours det"], _ = device_time(lambda: sparse_attn_bwd(
             q, kv, idx, out, dout, lse, dq, dkv, softmax_scale=scale, attn_sink=sink, d_sink_rows=dsr,
-            deterministic=True, workspace=TorchWorkspace(), stream=st), iters)
+            deterministic=True, workspace=TorchWorkspace(poison=False), stream=st), iters)
     except Exception as e:  # noqa: BLE001
         notes.append(f"ours det: {type(e).__name__}: {e}")
     try:
@@ -176,7 +161,7 @@ def main(a):
                   f"{f(c and flops / c / 1e12, p=0)} {f(o and c and c / o)}", flush=True)
             d = res.get("ours det")
             print(f"{'  ours det (deterministic dkv)':34s} {f(d and d * 1e3)} {'':8s} {f(d and flops / d / 1e12, p=0)} "
-                  f"{'':8s} {f(d and c and c / d)}   x ours {f(d and o and o / d)}", flush=True)
+                  f"{'':8s} {f(d and c and c / d)}   time / ours {f(d and o and d / o)}", flush=True)
             for n in notes:
                 print(f"    note: {n}", flush=True)
             for impl, t in res.items():

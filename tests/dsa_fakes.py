@@ -84,7 +84,20 @@ def _put(dst, src):
 class FakeKernels:
     def __init__(self):
         self.calls = []
-        self.deterministic = []      # workspace_bytes of each deterministic sparse_attn_bwd call
+        self.deterministic = []      # (seam, workspace_bytes) of each deterministic backward call
+
+    def _deterministic(self, name, workspace, workspace_bytes, keys, n_kv):
+        """What the real seams do with the framework's workspace (ops/common/deterministic_rows.py): the entries'
+        keys (int32 [E], -1: no contribution) go through workspace.alloc / export into a framework tensor, and
+        workspace.sort_keys must return them ascending (-1 as n_kv), equal keys by entry (numpy's lexsort here)."""
+        self.deterministic.append((name, workspace_bytes))
+        keys = np.asarray(keys, np.int32).reshape(-1)
+        keys_t = workspace.alloc((keys.shape[0],), "int32")
+        write(workspace.export(keys_t), paddle.to_tensor(keys))
+        sk, order = (read(workspace.export(t)).numpy() for t in workspace.sort_keys(keys_t, n_kv))
+        k = np.where(keys < 0, n_kv, keys)
+        want = np.lexsort((np.arange(keys.shape[0]), k))
+        assert (order == want).all() and (sk == k[want]).all(), "workspace.sort_keys"
 
     def _dense_call(self, name, q, k, q_offsets, cu_q, cu_k, max_seqlen_q, scores, causal, ratio, stream):
         self.calls.append((name, stream))
@@ -189,15 +202,9 @@ class FakeKernels:
         thd, gidx, valid = self._slots("sparse_attention_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
                                        cu_seqlens_k, stream)
         self.calls[-1] += (sink is not None, topk_length is not None, dl is not None)
-        if deterministic:       # the kernel's entry keys, sorted by the caller's workspace as the real seam does
-            self.deterministic.append(workspace_bytes)
-            keys = paddle.where(valid, gidx, paddle.full_like(gidx, -1)).astype(paddle.int32).reshape([-1])
-            keys_t = workspace.alloc(tuple(keys.shape), "int32")
-            write(workspace.export(keys_t), keys)
-            n_kv = k.shape[0] if thd else k.shape[0] * k.shape[1]
-            sk, order = (read(workspace.export(t)).numpy() for t in workspace.sort_keys(keys_t, n_kv))
-            want = np.lexsort((np.arange(keys.shape[0]), np.where(keys.numpy() < 0, n_kv, keys.numpy())))
-            assert (order == want).all() and (sk == np.where(keys.numpy() < 0, n_kv, keys.numpy())[want]).all()
+        if deterministic:
+            self._deterministic("sparse_attention_bwd", workspace, workspace_bytes,
+                                np.where(valid.numpy(), gidx.numpy(), -1), k.shape[0] * (1 if thd else k.shape[1]))
         qr, kr, orow, dorow = (_rows(t, thd) for t in (q, k, o, do))
         lr, dlr = _lse_rows(lse, thd), None if dl is None else _lse_rows(dl, thd)
         dv = o.shape[-1]
@@ -213,13 +220,17 @@ class FakeKernels:
 
     def sparse_indexer_bwd(self, index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score,
                            attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None,
-                           cu_seqlens_q=None, cu_seqlens_k=None, stream=0):
+                           cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, workspace=None,
+                           workspace_bytes=1 << 30, stream=0):
         q, k, w, c, s, lse, a, l1 = _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse,
                                                       attn_score, attn_l1norm, d_index_q, d_index_k, d_weights)
         assert s.shape == a.shape == read(topk_indices).shape and lse.shape == l1.shape == s.shape[:-1], "shapes"
         thd, gidx, valid = self._slots("sparse_indexer_bwd", q, k, topk_indices, topk_length, cu_seqlens_q,
                                        cu_seqlens_k, stream)
         self.calls[-1] += (topk_length is not None, w.dtype == paddle.float32)
+        if deterministic:
+            self._deterministic("sparse_indexer_bwd", workspace, workspace_bytes,
+                                np.where(valid.numpy(), gidx.numpy(), -1), k.shape[0] * (1 if thd else k.shape[1]))
         tq, kk = gidx.shape
         g = ref_loss.grad_signal(s.reshape([tq, kk]), lse.reshape([tq]), a.reshape([tq, kk]), l1.reshape([tq]),
                                  valid, c.reshape([]))
@@ -231,7 +242,7 @@ class FakeKernels:
 
     def dense_indexer_bwd(self, index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
                           d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
-                          cu_seqlens_k=None, stream=0):
+                          cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
         q, k, w, c, s, lse, a, l1 = _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse,
                                                       attn_score, attn_l1norm, d_index_q, d_index_k, d_weights)
         assert s.shape == a.shape and lse.shape == l1.shape == s.shape[:-1], "statistics shapes"
@@ -240,6 +251,12 @@ class FakeKernels:
                                                max(q.shape[0], 1), index_score, causal, ratio, stream)
         self.calls[-1] += (w.dtype == paddle.float32,)
         tq, width = (s.shape[0], s.shape[1]) if thd else (s.shape[0] * s.shape[1], s.shape[2])
+        if deterministic:       # entry (row, j) is key j of the row's sequence, below the row's limit
+            j = np.arange(width)[None, :]
+            lim = np.minimum(np.asarray(limits).reshape(-1, 1), width)
+            self._deterministic("dense_indexer_bwd", workspace, workspace_bytes,
+                                np.where(j < lim, layout.row_arrays()[0][:, None] + j, -1),
+                                k.shape[0] * (1 if thd else k.shape[1]))
         dq, dk, dw = ref_loss.dense_backward(_rows(q, thd), _rows(k, thd), _rows(w, thd), s.reshape([tq, width]),
                                              lse.reshape([tq]), a.reshape([tq, width]), l1.reshape([tq]), layout,
                                              limits, c.reshape([]))

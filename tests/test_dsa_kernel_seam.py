@@ -291,10 +291,10 @@ def test_sparse_attention_deterministic_backward(rng, fake, monkeypatch, thd):
     monkeypatch.setattr(config, "deterministic_backward", True)
     monkeypatch.setattr(config, "deterministic_workspace_bytes", 12345)
     got = _sparse_attention_run(q, kv, idx, dout, dlse, "out+lse", **kw)
-    assert fake.deterministic == [12345]
+    assert fake.deterministic == [("sparse_attention_bwd", 12345)]
     monkeypatch.setattr(config, "deterministic_backward", False)
     _same_grads(got, _sparse_attention_run(q, kv, idx, dout, dlse, "out+lse", **kw))
-    assert fake.deterministic == [12345]
+    assert len(fake.deterministic) == 1
     _same_grads(got, reference(monkeypatch, _sparse_attention_run, q, kv, idx, dout, dlse, "out+lse", **kw))
 
 
@@ -410,6 +410,24 @@ def test_sparse_indexer_backward(rng, fake, monkeypatch, thd, with_length, w_dty
     want = reference(monkeypatch, P.sparse_indexer_backward, *ind, idx, *stats, gl, loss_coeff=0.3, **kw)
     _same_index_grads(got, want, ind)
     assert all((g.astype("float32").numpy() != 0).any() for g in got)
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_sparse_indexer_backward_deterministic(rng, fake, monkeypatch, thd):
+    """config.deterministic_backward reaches the sparse indexer backward seam with Paddle's workspace (its sort of
+    the entry keys checked by the fake) and config.deterministic_workspace_bytes; gradients equal the default run's
+    and the reference path's bit for bit (the fake computes them the same way)."""
+    ind, att, idx, kw = _sparse_index_case(rng, thd, True, "float32")
+    stats = _sparse_stats(ind, att, idx, kw)
+    monkeypatch.setattr(config, "deterministic_backward", True)
+    monkeypatch.setattr(config, "deterministic_workspace_bytes", 4096)
+    got = P.sparse_indexer_backward(*ind, idx, *stats, 1.5, loss_coeff=0.3, **kw)
+    assert fake.deterministic == [("sparse_indexer_bwd", 4096)]
+    monkeypatch.setattr(config, "deterministic_backward", False)
+    _same_index_grads(got, P.sparse_indexer_backward(*ind, idx, *stats, 1.5, loss_coeff=0.3, **kw), ind)
+    assert len(fake.deterministic) == 1
+    want = reference(monkeypatch, P.sparse_indexer_backward, *ind, idx, *stats, 1.5, loss_coeff=0.3, **kw)
+    _same_index_grads(got, want, ind)
 
 
 def test_sparse_indexer_backward_float64_stats_and_no_counted_row(rng, fake, monkeypatch):
@@ -531,6 +549,20 @@ def test_indexer_kl_loss_dense_kernel_route(rng, fake, monkeypatch, thd, mask):
     want = reference(monkeypatch, _kl_dense_run, ind, att, **kw)
     _close(got, want)
     assert all((g.numpy() != 0).any() for g in got[1:])
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_indexer_kl_loss_dense_deterministic(rng, fake, monkeypatch, thd):
+    """The dense stage with config.deterministic_backward: dense_indexer_bwd gets Paddle's workspace (the fake checks
+    its sort of the entries (row, key below the row's ratio-causal limit)); loss and gradients as the default run's."""
+    ind, att, kw = _dense_index_case(rng, thd, "float32", True, 2, True)
+    monkeypatch.setattr(config, "deterministic_backward", True)
+    got = _kl_dense_run(ind, att, **kw)
+    assert fake.deterministic == [("dense_indexer_bwd", config.deterministic_workspace_bytes)]
+    monkeypatch.setattr(config, "deterministic_backward", False)
+    want = _kl_dense_run(ind, att, **kw)
+    for g, w in zip(got, want):
+        same(g, w)
 
 
 def test_indexer_kl_loss_dense_kernel_route_chunks(rng, fake, monkeypatch):

@@ -1,5 +1,6 @@
 """Ordered segment sums of staged gradient rows, CuTe DSL (sm90): the deterministic form of the sparse backwards'
-scatter-add (dkv of the sparse attention backward).
+scatter-add (ops/common/deterministic_rows.py: dkv of the sparse attention backward, d_index_k of the indexer
+backwards).
 
     out[k, :] = ((out[k, :] + R(order[lo]) ) + R(order[lo + 1])) + ... + R(order[hi - 1])      for k < n_out
     R(e)      = (stage[e G, :] + stage[e G + 1, :]) + ... + stage[e G + G - 1, :]   (summed into out in that order)
@@ -104,8 +105,9 @@ _CACHE = {}
 
 def variant_keys():
     """(width, groups, rank of out) of every caller: the sparse attention backward's dkv (Dqk 576 / 512, one or two
-    head groups, [B, Skv, D] or [Tkv, D])."""
-    return [(d, g, r) for d in (512, 576) for g in (1, 2) for r in (2, 3)]
+    head groups) and the indexer backwards' d_index_k (Di 64 / 128), [B, S, D] or [T, D]."""
+    return [(d, g, r) for d in (512, 576) for g in (1, 2) for r in (2, 3)] + [(d, 1, r) for d in (64, 128)
+                                                                              for r in (2, 3)]
 
 
 def compile_variant(width, groups, rank):

@@ -15,6 +15,7 @@ backward) and sparse_indexer_bwd (ops.dsa.indexer.sparse_bwd: the sparse indexer
 """
 import paddle
 
+from .. import config
 from .._port import PORT
 from . import import_kernel
 
@@ -151,14 +152,14 @@ def sparse_attention(query, kv, topk_indices, *, scale, v_dim, attn_sink, topk_l
 
 
 def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, scale, attn_sink, dlse, topk_length, cu_q,
-                         cu_k, deterministic=False, workspace_bytes=1 << 30):
+                         cu_k):
     """(dq in query's dtype and shape, dkv float32 shaped like kv, d_sink float32 [H] or None) of sparse_attention.
 
     out / dout [B,Sq,H,Dv] / [Tq,H,Dv] in query's dtype; softmax_lse float32 [B,H,Sq] / [H,Tq] as the forward returned
     it (the public layout), dlse float32 in that layout or None; attn_sink float32 [H] or None; cu_q / cu_k device
     tensors (THD) or None. dkv comes from _empty like every output: the seam zeroes it, then accumulates (fp32
-    atomics; deterministic: staged rows summed per key in a fixed order, in chunks of query rows whose staging
-    buffer stays within workspace_bytes, the sort by key done here by DeterministicWorkspace). d_sink is the per-row
+    atomics; with config.deterministic_backward: staged rows summed per key in a fixed order, _deterministic()).
+    d_sink is the per-row
     d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on the same stream): nothing is
     read on the host."""
     thd = cu_q is not None
@@ -171,10 +172,19 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
         ex(query), ex(kv), ex(topk_indices), ex(out), ex(dout), ex(softmax_lse), _out(dq), _out(dkv),
         softmax_scale=scale, attn_sink=_opt(attn_sink), d_sink_rows=None if d_sink_rows is None else _out(d_sink_rows),
         dlse=_opt(dlse), topk_length=_opt(topk_length), cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k),
-        deterministic=bool(deterministic), workspace=DeterministicWorkspace() if deterministic else None,
-        workspace_bytes=int(workspace_bytes), stream=PORT.stream_handle(query))
+        stream=PORT.stream_handle(query), **_deterministic())
     d_sink = None if d_sink_rows is None else d_sink_rows.reshape([-1, heads]).sum(axis=0)
     return dq, dkv, d_sink
+
+
+def _deterministic():
+    """The backward seams' determinism keywords from paddle_dsa.config (read at each call): with
+    deterministic_backward, dkv / d_index_k are summed per key in a fixed order from staging buffers of at most
+    deterministic_workspace_bytes (ops/common/deterministic_rows.py), the sort done by DeterministicWorkspace."""
+    if not config.deterministic_backward:
+        return {}
+    return dict(deterministic=True, workspace=DeterministicWorkspace(),
+                workspace_bytes=int(config.deterministic_workspace_bytes))
 
 
 class DeterministicWorkspace:
@@ -218,7 +228,7 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
     _module("dense_indexer_bwd").dense_indexer_bwd(
         ex(index_q), ex(index_k), ex(weights), ex(index_score), ex(index_lse), ex(attn_score), ex(attn_l1norm),
         ex(grad_scale), _out(dq), _out(dk), _out(dw), causal=causal, ratio=ratio, q_offsets=_opt(q_offsets),
-        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q))
+        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q), **_deterministic())
     return dq, dk, dw
 
 
@@ -231,11 +241,12 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
     float32 in the public layout (index_score / attn_score shaped like topk_indices, index_lse / attn_l1norm its
     leading shape); grad_scale float32 [1] on the device (loss_coeff * grad_loss / N, computed there by the caller);
     topk_length int32 or None; cu_q / cu_k device tensors (THD) or None. d_index_k comes from _empty like every
-    output: the seam zeroes it, then accumulates (fp32 atomics). Nothing is read on the host."""
+    output: the seam zeroes it, then accumulates (fp32 atomics; with config.deterministic_backward in a fixed order,
+    _deterministic()). Nothing is read on the host."""
     dq, dk, dw = _index_grads(index_q, index_k, weights)
     ex = PORT.export
     _module("sparse_indexer_bwd").sparse_indexer_bwd(
         ex(index_q), ex(index_k), ex(weights), ex(topk_indices), ex(index_score), ex(index_lse), ex(attn_score),
         ex(attn_l1norm), ex(grad_scale), _out(dq), _out(dk), _out(dw), topk_length=_opt(topk_length),
-        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q))
+        cu_seqlens_q=_opt(cu_q), cu_seqlens_k=_opt(cu_k), stream=PORT.stream_handle(index_q), **_deterministic())
     return dq, dk, dw

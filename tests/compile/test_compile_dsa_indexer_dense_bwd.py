@@ -3,6 +3,7 @@ variant checked in its PTX (warpgroup MMAs: X^T, dq^T, dk per chunk; 16-byte cp.
 reductions; no local memory); the seam's checks raise ValueError naming the argument before any compile or launch
 ("CUDA" tensors are host arrays relabelled through DLPack, cuda_labelled.py; only invalid calls are made)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -28,7 +29,7 @@ def test_ptx(tmp_path):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import dense_bwd as m; "
-            f"m.compile_variant((128, 64, 'float32', True, True))")
+            f"m.compile_variant(m.variant_key(128, 64, 'float32', True, True))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4          # X^T, dq^T, dk: 2 chunks each
@@ -36,6 +37,22 @@ def test_ptx(tmp_path):
     assert text.count("red.relaxed.gpu.global.add.v4.f32") == 2 * 8
     assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
+
+
+
+def test_ptx_deterministic(tmp_path):
+    """The deterministic variant: the same wgmmas and gathers, no reduction: each dk tile stored to its staging rows
+    as it lies in the registers (st.global.v2: 2 rows x 8 column pairs a thread, 2 chunks)."""
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
+               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import dense_bwd as m; "
+            f"m.compile_variant(m.variant_key(128, 64, 'bfloat16', True, True, True))")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
+    assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4
+    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 4
+    assert not re.search(r"\b(red|atom)\.", text)
+    assert text.count("st.global.v2.f32") == 2 * 2 * 8
 
 
 def f32(*s):
@@ -52,7 +69,8 @@ def call(**over):
              index_lse=f32(B, S), attn_score=f32(B, S, Sk), attn_l1norm=f32(B, S), grad_scale=f32(1),
              d_index_q=bf16(B, S, H, D), d_index_k=f32(B, Sk, D), d_weights=f32(B, S, H))
     kw = {k: over.pop(k) for k in list(over) if k in ("causal", "ratio", "q_offsets", "cu_seqlens_q",
-                                                      "cu_seqlens_k")}
+                                                      "cu_seqlens_k", "deterministic",
+                                                      "workspace", "workspace_bytes")}
     a.update(over)
     dense_bwd.dense_indexer_bwd(*a.values(), **kw)
 
@@ -72,6 +90,9 @@ def call(**over):
     (dict(q_offsets=i32(3)), r"q_offsets: expected int32 \[2\]"),
     (dict(cu_seqlens_q=i32(3)), "cu_seqlens_q and cu_seqlens_k must be given together"),
     (dict(weights=cuda(np.zeros((2, 4, 64), np.float16))), "weights: dtype float16"),
+    (dict(deterministic=True), "workspace: deterministic=True needs an object with alloc, export and sort_keys"),
+    (dict(deterministic=True, workspace=__import__("types").SimpleNamespace(alloc=len, export=len, sort_keys=len),
+          workspace_bytes=-1), "workspace_bytes: expected an int >= 0"),
 ])
 def test_seam_rejects(over, msg):
     with pytest.raises(ValueError, match=msg):

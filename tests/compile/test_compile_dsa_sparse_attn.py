@@ -152,7 +152,8 @@ def call_bwd(**over):
     a = dict(query=bf16(B, S, H, D), kv=bf16(B, Sk, D), topk_indices=i32(B, S, K), out=bf16(B, S, H, 512),
              dout=bf16(B, S, H, 512), softmax_lse=f32(B, H, S), dq=bf16(B, S, H, D), dkv=f32(B, Sk, D))
     kw = {k: over.pop(k) for k in list(over) if k in ("attn_sink", "d_sink_rows", "dlse", "topk_length",
-                                                     "softmax_scale")}
+                                                     "softmax_scale", "deterministic", "workspace",
+                                                     "workspace_bytes")}
     kw.setdefault("softmax_scale", 0.1)
     a.update(over)
     bwd.sparse_attn_bwd(a["query"], a["kv"], a["topk_indices"], a["out"], a["dout"], a["softmax_lse"], a["dq"],
@@ -171,6 +172,9 @@ def call_bwd(**over):
     (dict(dlse=f32(2, 4, 64)), r"dlse: expected shape \(2, 64, 4\)"),
     (dict(out=bf16(2, 4, 64, 576), dout=bf16(2, 4, 64, 576)), r"\(Dqk, Dv\) = \(576, 576\) not supported"),
     (dict(softmax_scale=float("nan")), "softmax_scale must be finite"),
+    (dict(deterministic=True), "workspace: deterministic=True needs an object with alloc, export and sort_keys"),
+    (dict(deterministic=True, workspace=__import__("types").SimpleNamespace(alloc=len, export=len, sort_keys=len),
+          workspace_bytes=2.5), "workspace_bytes: expected an int >= 0"),
 ])
 def test_bwd_seam_rejects(over, msg):
     with pytest.raises(ValueError, match=msg):

@@ -8,31 +8,13 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, HERE)
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
 from ops.dsa.sparse_attn.bwd import sparse_attn_bwd  # noqa: E402
-
-
-class Workspace:
-    """deterministic=True's framework side (as tests/gpu/test_dsa_sparse_attn_bwd.py TorchWorkspace)."""
-
-    @staticmethod
-    def alloc(shape, dtype):
-        if dtype == "int32":
-            return torch.zeros(shape, device="cuda", dtype=torch.int32)
-        return torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, dtype))
-
-    @staticmethod
-    def export(t):
-        return t
-
-    @staticmethod
-    def sort_keys(keys, n_kv):
-        n = keys.shape[0]
-        s = torch.sort(torch.where(keys < 0, n_kv, keys).long() * n + torch.arange(n, device="cuda")).values
-        return (s // n).int(), (s % n).int()
+from workspace import TorchWorkspace as Workspace  # noqa: E402
 
 
 def main():

@@ -6,6 +6,9 @@ no NaN/inf for finite inputs; rows with no valid slot and rows with index_lse = 
 Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), Hi 16/32/64, Di 64/128, weights bf16/fp32,
 topk_length random and 0, invalid / duplicate slots, NaN in a selected key row (reaches only the rows selecting it),
 bitwise reruns of dq and d_weights (d_index_k: fp32 atomics, within the re-association bound), a CUDA graph capture.
+Deterministic mode (deterministic=True, tests/gpu/workspace.py: poisoned staging buffer and keys): the same gates,
+dq / d_weights equal to the default mode's bit for bit, d_index_k bitwise the same for every chunking and over 100
+reruns, graph capture.
 Run: python -m pytest -q tests/gpu/test_dsa_indexer_bwd.py
 """
 import os
@@ -23,6 +26,7 @@ sys.path.insert(0, HERE)
 
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as kernel_bwd  # noqa: E402
+from workspace import TorchWorkspace  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
@@ -47,12 +51,17 @@ def stats(q, k, w, idx, **kw):
     return s, lse, a, a.sum(-1)
 
 
-def run(q, k, w, idx, s, lse, a, l1, c, *, topk_length=None, cu_q=None, cu_k=None, stream=None):
+def run(q, k, w, idx, s, lse, a, l1, c, *, topk_length=None, cu_q=None, cu_k=None, stream=None, det=None):
+    """det: the deterministic keywords (deterministic, workspace_bytes, workspace: a poisoned TorchWorkspace unless
+    given)."""
     dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
     dk = torch.full(k.shape, NAN, device=DEV)
     dw = torch.full(w.shape, NAN, device=DEV)
+    det = dict(det or {})
+    if det.get("deterministic"):
+        det.setdefault("workspace", TorchWorkspace())
     kernel_bwd(q, k, w, idx, s, lse, a, l1, c, dq, dk, dw, topk_length=topk_length, cu_seqlens_q=cu_q,
-               cu_seqlens_k=cu_k, stream=torch.cuda.current_stream().cuda_stream if stream is None else stream)
+               cu_seqlens_k=cu_k, stream=torch.cuda.current_stream().cuda_stream if stream is None else stream, **det)
     return dq, dk, dw
 
 
@@ -62,12 +71,16 @@ def worst_row(x, ex):
     return (d / torch.where(n > 0, n, torch.ones_like(n))).max().item()
 
 
-def check(q, k, w, idx, *, factor=2.0, spoil=None, finite=True, **kw):
+def check(q, k, w, idx, *, factor=2.0, spoil=None, finite=True, det=None, **kw):
     s, lse, a, l1 = stats(q, k, w, idx, **kw)
     if spoil is not None:
         lse = spoil(lse)
     c = torch.tensor([0.37], device=DEV)
-    dq, dk, dw = run(q, k, w, idx, s, lse, a, l1, c, **kw)
+    dq, dk, dw = run(q, k, w, idx, s, lse, a, l1, c, det=det, **kw)
+    if det:     # the default mode on the same inputs: dq and d_weights do not depend on the mode
+        dq0, dk0, dw0 = run(q, k, w, idx, s, lse, a, l1, c, **kw)
+        assert torch.equal(dq, dq0) and torch.equal(dw, dw0)
+        assert ((dk - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
     torch.cuda.synchronize()
     ex = sparse_indexer_bwd(q, k, w, idx, s, lse, a, l1, c, **kw)
     fl = sparse_indexer_bwd(q, k, w, idx, s, lse, a, l1, c, dtype=torch.float32, floor=True, **kw)
@@ -189,3 +202,90 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(dq, ex[0]) and torch.equal(dw, ex[2])
     assert ((dk - ex[1]).abs() <= 2 ** -14 * ex[1].abs().max()).all()
+
+
+def row_bytes(rows, K, D):
+    return (rows[0] if len(rows) == 2 else 1) * K * D * 4
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES)
+def test_deterministic_dense(H, D, w_dtype):
+    """Invalid / duplicate slots, topk_length 0 and random, a row with index_lse = +inf; 5-row chunks."""
+    Sq, Sk, K = 17, 300, 200
+    q, k, w = inputs((2, Sq), Sk, H, D, w_dtype, 50 + H + D)
+    idx = indices((2, Sq), K, Sk)
+    idx[1, 6, :K // 2] = idx[1, 6, :1]
+    tl = torch.randint(0, K + 20, (2, Sq), device=DEV, dtype=torch.int32)
+    tl[0, 0] = 0
+    ws = TorchWorkspace()
+
+    def spoil(lse):
+        lse = lse.clone()
+        lse[1, 7] = float("inf")
+        return lse
+    dq, _, dw = check(q, k, w, idx, topk_length=tl, spoil=spoil,
+                      det=dict(deterministic=True, workspace_bytes=5 * row_bytes((2, Sq), K, D), workspace=ws))
+    assert ws.chunks == 4
+    for r in ((0, 0), (1, 7)):
+        assert (dq[r] == 0).all() and (dw[r] == 0).all(), r
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES[:2])
+def test_deterministic_thd(H, D, w_dtype):
+    """Empty segment, rows past cu_seqlens_q[-1]; one-row chunks and one chunk."""
+    torch.manual_seed(12)
+    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 160
+    q, k = rnd(Tq, H, D), rnd(Tk, D)
+    w = (torch.randn(Tq, H, device=DEV) * H ** -0.5).to(w_dtype)
+    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    tl = torch.randint(0, K + 1, (Tq,), device=DEV, dtype=torch.int32)
+    for wb in (0, 1 << 30):
+        dq, _, dw = check(q, k, w, idx, cu_q=cu_q, cu_k=cu_k, topk_length=tl,
+                          det=dict(deterministic=True, workspace_bytes=wb))
+        assert (dq[int(cu_q[-1]):] == 0).all() and (dw[int(cu_q[-1]):] == 0).all()
+
+
+def test_deterministic_bitwise():
+    """All three gradients bit for bit over 100 reruns and for chunks of 1, 3 and all rows (the per-key order is
+    (row, slot) whatever the chunking); many rows share each key (Sk 48, K 512, duplicates)."""
+    H, D, Sq, Sk, K = 64, 128, 40, 48, 512
+    q, k, w = inputs((2, Sq), Sk, H, D, torch.float32, 14)
+    idx = torch.randint(0, Sk, (2, Sq, K), device=DEV, dtype=torch.int32)
+    s, lse, a, l1 = stats(q, k, w, idx)
+    c = torch.tensor([0.3], device=DEV)
+    base = run(q, k, w, idx, s, lse, a, l1, c, det=dict(deterministic=True))
+    assert all(torch.isfinite(t).all() for t in base)
+    for wb in (0, 3 * row_bytes((2, Sq), K, D)):
+        got = run(q, k, w, idx, s, lse, a, l1, c, det=dict(deterministic=True, workspace_bytes=wb))
+        assert all(torch.equal(x, y) for x, y in zip(got, base)), wb
+    for _ in range(100):
+        got = run(q, k, w, idx, s, lse, a, l1, c, det=dict(deterministic=True))
+        assert all(torch.equal(x, y) for x, y in zip(got, base))
+
+
+def test_deterministic_cuda_graph_capture():
+    H, D, Sq, Sk, K = 32, 128, 12, 300, 128
+    q, k, w = inputs((2, Sq), Sk, H, D, torch.bfloat16, 19)
+    idx = indices((2, Sq), K, Sk)
+    s, lse, a, l1 = stats(q, k, w, idx)
+    c = torch.tensor([0.3], device=DEV)
+    out = [torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16), torch.full(k.shape, NAN, device=DEV),
+           torch.full(w.shape, NAN, device=DEV)]
+    kw = dict(deterministic=True, workspace=TorchWorkspace(), workspace_bytes=5 * row_bytes((2, Sq), K, D))
+    st = torch.cuda.Stream()
+    with torch.cuda.stream(st):
+        kernel_bwd(q, k, w, idx, s, lse, a, l1, c, *out, stream=st.cuda_stream, **kw)
+    torch.cuda.synchronize()
+    for t in out:
+        t.fill_(NAN)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=st):
+        kernel_bwd(q, k, w, idx, s, lse, a, l1, c, *out, stream=st.cuda_stream, **kw)
+    g.replay()
+    torch.cuda.synchronize()
+    ex = run(q, k, w, idx, s, lse, a, l1, c, det=dict(deterministic=True))
+    torch.cuda.synchronize()
+    assert all(torch.equal(x, y) for x, y in zip(out, ex))

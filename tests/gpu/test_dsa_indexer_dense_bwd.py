@@ -7,7 +7,9 @@ float32 implementation that rounds where the kernel must; outputs NaN-poisoned b
 Cases: BSHD causal / not, ratio 1 and 4, q_offsets; THD with empty and 1-row segments, q_offsets, rows past
 cu_seqlens_q[-1]; index_lse +inf (zero gradients) and -1e30 (finite); rows that see no key (ratio, negative
 offsets); bitwise reruns; a CUDA graph capture; the seed-003 race test (8 reruns on THD shapes, every d_index_k
-element's spread within (N - 1) 2^-24 sum|t_i|).
+element's spread within (N - 1) 2^-24 sum|t_i|). Deterministic mode (tests/gpu/workspace.py, poisoned): the same
+gates, all three gradients bitwise equal to the sparse kernel's deterministic mode on the same slots (same entries,
+same keys, same order), dq / d_weights equal to the default mode's, the race shapes bitwise over 8 reruns.
 Run: python -m pytest -q tests/gpu/test_dsa_indexer_dense_bwd.py
 """
 import os
@@ -26,6 +28,7 @@ sys.path.insert(0, HERE)
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as sparse_kernel  # noqa: E402
+from workspace import TorchWorkspace  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
@@ -80,16 +83,18 @@ class Case:
         self.l1 = self.a.sum(-1)
         self.c = torch.tensor([0.41], device=DEV)
 
-    def run(self, lse=None, stream=None):
+    def run(self, lse=None, stream=None, det=None):
+        """det: the deterministic keywords (deterministic, workspace_bytes; a poisoned TorchWorkspace)."""
         q, k, w = self.q, self.k, self.w
         dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
         dk = torch.full(k.shape, NAN, device=DEV)
         dw = torch.full(w.shape, NAN, device=DEV)
         dense_indexer_bwd(q, k, w, self.s, self.lse if lse is None else lse, self.a, self.l1, self.c, dq, dk, dw,
-                          stream=torch.cuda.current_stream().cuda_stream if stream is None else stream, **self.kw)
+                          stream=torch.cuda.current_stream().cuda_stream if stream is None else stream, **self.kw,
+                          **_det(det))
         return dq, dk, dw
 
-    def run_sparse(self, lse=None):
+    def run_sparse(self, lse=None, det=None):
         q, k, w = self.q, self.k, self.w
         dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
         dk = torch.full(k.shape, NAN, device=DEV)
@@ -98,8 +103,15 @@ class Case:
         if self.thd:
             kw.update(cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k)
         sparse_kernel(q, k, w, self.idx, self.s, self.lse if lse is None else lse, self.a, self.l1, self.c, dq, dk,
-                      dw, stream=torch.cuda.current_stream().cuda_stream, **kw)
+                      dw, stream=torch.cuda.current_stream().cuda_stream, **kw, **_det(det))
         return dq, dk, dw
+
+
+def _det(det):
+    det = dict(det or {})
+    if det.get("deterministic"):
+        det.setdefault("workspace", TorchWorkspace())
+    return det
 
 
 def worst_row(x, ex):
@@ -108,14 +120,19 @@ def worst_row(x, ex):
     return (d / torch.where(n > 0, n, torch.ones_like(n))).max().item()
 
 
-def check(case, lse=None, factor=2.0):
+def check(case, lse=None, factor=2.0, det=None):
     lse = case.lse if lse is None else lse
-    dq, dk, dw = case.run(lse)
-    sq, sk, sw = case.run_sparse(lse)
+    dq, dk, dw = case.run(lse, det=det)
+    sq, sk, sw = case.run_sparse(lse, det=det)
     torch.cuda.synchronize()
     for name, x in (("d_index_q", dq), ("d_index_k", dk), ("d_weights", dw)):
         assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite of {x.numel()}"
     assert torch.equal(dq, sq) and torch.equal(dw, sw), "dense and sparse kernels differ on the same entries"
+    if det:
+        assert torch.equal(dk, sk), "deterministic d_index_k: dense and sparse kernels differ on the same entries"
+        dq0, dk0, dw0 = case.run(lse)
+        assert torch.equal(dq, dq0) and torch.equal(dw, dw0)
+        assert ((dk - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
     args = (case.q, case.k, case.w, case.idx, case.s, lse, case.a, case.l1, case.c)
     ex = sparse_indexer_bwd(*args, **case.ref_kw)
     fl = sparse_indexer_bwd(*args, dtype=torch.float32, floor=True, **case.ref_kw)
@@ -242,3 +259,35 @@ def test_race_reruns(lens):
     bound = (cnt[:, None] - 1).clamp_min(0) * 2.0 ** -24 * tot
     over = spread > bound
     assert not over.any(), f"{int(over.sum())} d_index_k elements spread beyond the re-association bound"
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES[:2])
+@pytest.mark.parametrize("causal,ratio", [(True, 1), (False, 1), (True, 4)])
+def test_deterministic_bshd(H, D, w_dtype, causal, ratio):
+    case = Case([70, 70], [300, 300], H, D, w_dtype, causal=causal, ratio=ratio, seed=60 + H)
+    row = 300 * 2 * D * 4                          # staging bytes of one query row (both batches)
+    for wb in (0, 9 * row, 1 << 30):
+        check(case, det=dict(deterministic=True, workspace_bytes=wb))
+
+
+@pytest.mark.parametrize("H,D,w_dtype", CASES[1:3])
+def test_deterministic_thd(H, D, w_dtype):
+    case = Case([5, 0, 37, 1, 20], [300, 40, 129, 1, 517], H, D, w_dtype, thd=True, offsets=[0, 3, -5, 2, 10],
+                tail=6, seed=61)
+    for wb in (0, 1 << 30):
+        dq, _, dw = check(case, det=dict(deterministic=True, workspace_bytes=wb))
+        assert (dq[int(case.cu_q[-1]):] == 0).all() and (dw[int(case.cu_q[-1]):] == 0).all()
+
+
+@pytest.mark.parametrize("lens", [[256], [512, 512], [300, 100, 612], [1000, 24], [1024, 1024]],
+                         ids=lambda v: "x".join(map(str, v)))
+def test_deterministic_race_reruns(lens):
+    """Seed 003's race shapes in deterministic mode: 8 reruns bitwise equal, d_index_k included."""
+    offsets = [len(lens) * 3 + i for i in range(len(lens))]
+    case = Case(lens, lens, 16, 64, torch.bfloat16, thd=True, offsets=offsets, seed=sum(lens) + 1)
+    det = dict(deterministic=True, workspace_bytes=64 << 20)
+    runs = [case.run(det=det) for _ in range(8)]
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(t).all() for t in runs[0])
+    for r in runs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(r, runs[0]))

@@ -6,8 +6,8 @@ d_sink within 2x its absolute error; no NaN/inf for finite inputs; rows with no 
 Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), topk_length random and 0, invalid / duplicate
 slots, whole invalid blocks, Skv < K, sinks and dlse, degenerate lse (-1e30, +inf), bitwise reruns of dq and
 d_sink_rows (dkv: fp32 atomics, within the re-association bound), a CUDA graph capture. Deterministic mode
-(deterministic=True, TorchWorkspace below: staging buffer NaN-poisoned, keys poisoned with 0, so an unwritten key or
-a read of an unwritten staging row puts NaN into dkv): the same gates, dq / d_sink_rows equal to the default mode's
+(deterministic=True, tests/gpu/workspace.py: staging buffer NaN-poisoned, keys poisoned with 0, so an unwritten key
+or a read of an unwritten staging row puts NaN into dkv): the same gates, dq / d_sink_rows equal to the default mode's
 bit for bit, dkv bitwise the same for every chunking (the per-key order is (row, slot, head group) whatever the
 chunk size) and over 100 reruns, graph capture.
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_attn_bwd.py
@@ -28,6 +28,7 @@ sys.path.insert(0, HERE)
 
 from dsa_ref import rel_rms, sparse_attention, sparse_attention_bwd  # noqa: E402
 from ops.dsa.sparse_attn.bwd import sparse_attn_bwd  # noqa: E402
+from workspace import TorchWorkspace  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
@@ -49,29 +50,6 @@ def forward(q, kv, idx, scale, **kw):
     """The forward's bf16 out and float32 lse (float64 reference, rounded as the kernel stores them)."""
     o, l = sparse_attention(q, kv, scale, idx, dv=DV, **kw)
     return o.to(torch.bfloat16), l.float().contiguous()   # the reference's lse is a [B,Sq,H] view
-
-
-class TorchWorkspace:
-    """The framework side of deterministic=True for this harness (the Paddle one: paddle_dsa/kernels/dsa.py
-    DeterministicWorkspace): poisoned buffers, and the sort of the entries by key (unique int64 key * E + entry)."""
-
-    def __init__(self):
-        self.chunks = 0
-
-    def alloc(self, shape, dtype):
-        if dtype == "int32":
-            self.chunks += 1
-            return torch.zeros(shape, device=DEV, dtype=torch.int32)      # key 0: a real key, wrong if unwritten
-        return torch.full(shape, NAN, device=DEV, dtype=getattr(torch, dtype))
-
-    def export(self, t):
-        return t
-
-    def sort_keys(self, keys, n_kv):
-        n = keys.shape[0]
-        k = torch.where(keys < 0, n_kv, keys).long()
-        s = torch.sort(k * n + torch.arange(n, device=DEV)).values
-        return (s // n).int(), (s % n).int()
 
 
 def run(q, kv, idx, out, dout, lse, scale, *, sink=None, dlse=None, topk_length=None, cu_q=None, cu_k=None,

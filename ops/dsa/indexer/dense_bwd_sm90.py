@@ -12,8 +12,9 @@ into the consumers' half rings, dq and d_weights reduced in a fixed order, d_ind
 a zeroed fp32 buffer, not bitwise deterministic); only the slot source differs: slot j of the row is key j, valid
 below lim(t) (no index tensor is read), and the row's slot count is lim(t) (clamped to the scores' width W, so a
 THD width below the longest key sequence can never make the kernel read past a row; the seam's caller guarantees
-W >= every sequence's keys). Causal grids run the longest rows first (row = Sq - 1 - blockIdx.x). The
-shared-memory handoffs are the sparse kernel's (its docstring).
+W >= every sequence's keys). Causal grids run the longest rows first (row = Sq - 1 - blockIdx.x; deterministic: of
+the chunk's rows). The shared-memory handoffs and the deterministic variant (entries (row, slot = key j), W a row)
+are the sparse kernel's (its docstring).
 
 Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16 or fp32), index_score /
 attn_score fp32 [B,Sq,Sk], index_lse / attn_l1norm fp32 [B,Sq], q_offsets int32 [B], grad_scale fp32 [1],
@@ -41,8 +42,9 @@ from .sparse_bwd_sm90 import SparseIndexerBwdSm90
 class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     """One compiled variant: (Di, Hi, weights dtype name, varlen, with q_offsets)."""
 
-    def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_offsets: bool):
-        super().__init__(head_dim, heads, w_dtype, varlen, False)
+    def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_offsets: bool,
+                 deterministic: bool = False):
+        super().__init__(head_dim, heads, w_dtype, varlen, False, deterministic)
         self.has_offsets = has_offsets
 
     # ------------------------------------------------------------------------------------------ host (jit)
@@ -50,10 +52,12 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, mOff: cute.Tensor, mS: cute.Tensor,
                  mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor, mC: cute.Tensor, mdQ: cute.Tensor,
                  mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, causal: Int32,
-                 ratio: Int32, stream):
-        tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK)
+                 ratio: Int32, mKeys: cute.Tensor, row0: Int32, stream):
+        """Deterministic variant: as SparseIndexerBwdSm90's, the entries (row, slot = key) of the rows
+        [row0, row0 + E / (B W))."""
+        tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK, mKeys, mS)
         self.dense_kernel(tma_q, tQ, k_v, dk_v, mW, mOff, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, causal,
-                          ratio, mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
+                          ratio, mKeys, row0, mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
                                                        min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
@@ -61,20 +65,23 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     def dense_kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor, mW: cute.Tensor,
                      mOff: cute.Tensor, mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor,
                      mC: cute.Tensor, mdQ: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
-                     causal: Int32, ratio: Int32, mmas, layouts):
+                     causal: Int32, ratio: Int32, mKeys: cute.Tensor, row0: Int32, mmas, layouts):
         tidx, _, _ = cute.arch.thread_idx()
         bx, batch, _ = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
-        row = bx
+        rel = bx
         if causal != 0:
-            row = gx - 1 - bx                     # longest rows first
+            rel = gx - 1 - bx                     # longest rows first
+        row = rel
+        if cutlass.const_expr(self.stage):
+            row = row0 + rel
         width = mS.shape[1] if cutlass.const_expr(self.varlen) else mS.shape[2]
         # the slot source is the scores tensor itself (never read as indices: slot_raw / load_slots below)
-        g = (tma_q, tQ, mK, mdK, mW, mS, None, mS, mLse, mA, mL1, mC, mdQ, mdW)
+        g = (tma_q, tQ, mK, mdK, mW, mS, None, mS, mLse, mA, mL1, mC, mdQ, mdW, mKeys, rel)
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
             if row >= mCuQ[n_seq]:
-                self.clear_row(mdQ, mdW, row, tidx)
+                self.clear_row(mdQ, mdW, row, tidx, mKeys, rel, mS)
             else:
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]

@@ -1,7 +1,8 @@
 """Seam of the sparse indexer backward kernel: validate, zero d_index_k, launch.
 
 ``sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
-grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None, stream=0)``
+grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None,
+deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0)``
 
   dense : index_q bf16 [B,Sq,Hi,Di], index_k bf16 [B,Sk,Di], weights bf16|fp32 [B,Sq,Hi], topk_indices int32
           [B,Sq,K], index_score / attn_score fp32 [B,Sq,K], index_lse / attn_l1norm fp32 [B,Sq], grad_scale fp32
@@ -9,8 +10,9 @@ grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=N
           d_index_k fp32 like index_k, contiguous (zeroed here, then accumulated), d_weights fp32 [B,Sq,Hi]
           (written), topk_length int32 [B,Sq]
   THD   : the same without B; cu_seqlens_q/k int32 [batch+1]
-Semantics: sparse_bwd_sm90.py. Variants: (Di, Hi, weights dtype, varlen, with topk_length). d_index_k is not
-deterministic (fp32 atomics). Every check raises ValueError naming the argument before any compile or launch.
+Semantics: sparse_bwd_sm90.py. Variants: (Di, Hi, weights dtype, varlen, with topk_length, deterministic). d_index_k is not
+deterministic (fp32 atomics) unless deterministic=True (ops/common/deterministic_rows.py: staged, sorted by key through
+`workspace`, summed in a fixed order). Every check raises ValueError naming the argument before any compile or launch.
 """
 import math
 import os
@@ -23,18 +25,18 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 _CACHE = {}
 
 
-def variant_key(head_dim, heads, w_dtype, varlen, has_length):
-    return (int(head_dim), int(heads), str(w_dtype), bool(varlen), bool(has_length))
+def variant_key(head_dim, heads, w_dtype, varlen, has_length, deterministic=False):
+    return (int(head_dim), int(heads), str(w_dtype), bool(varlen), bool(has_length), bool(deterministic))
 
 
 def all_variant_keys():
-    return [variant_key(d, h, w, vl, tl) for d in supported.INDEX_HEAD_DIMS for h in supported.INDEX_HEADS
-            for w in supported.WEIGHT_DTYPES for vl in (False, True) for tl in (False, True)]
+    return [variant_key(d, h, w, vl, tl, det) for d in supported.INDEX_HEAD_DIMS for h in supported.INDEX_HEADS
+            for w in supported.WEIGHT_DTYPES for vl in (False, True) for tl in (False, True) for det in (False, True)]
 
 
-def fake_tensors(D, H, w_name, varlen):
-    """The compile stand-ins both indexer backward seams share: dict of q, k, w, s, lse, a, l1, c, dq, dk, dw, cu
-    (a factory: None for BSHD)."""
+def fake_tensors(D, H, w_name, varlen, deterministic=False):
+    """The compile stand-ins both indexer backward seams share: dict of q, k, w, s, lse, a, l1, c, dq, dk (the
+    staging buffer [E, Di] when deterministic), dw, keys (int32 [E] or None), cu (a factory: None for BSHD)."""
     import cutlass
     from ...common.head_sum_host import fake_tensor
     bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
@@ -45,7 +47,8 @@ def fake_tensors(D, H, w_name, varlen):
                 s=fake_tensor(f32, lead + (None,), 1, 4), a=fake_tensor(f32, lead + (None,), 1, 4),
                 lse=fake_tensor(f32, lead, 1, 4), l1=fake_tensor(f32, lead, 1, 4), c=fake_tensor(f32, (1,), 1, 4),
                 dq=fake_tensor(bf, lead + (H, D), 1, 2),
-                dk=fake_tensor(f32, lead + (D,), 4, 16),       # contiguous, 16-byte aligned (red.v4)
+                dk=fake_tensor(f32, (None, D) if deterministic else lead + (D,), 4, 16),   # contiguous, 16-byte aligned
+                keys=fake_tensor(i32, (None,), 1, 4) if deterministic else None,
                 dw=fake_tensor(f32, lead + (H,), 1, 4), lead=lead,
                 cu=(lambda: fake_tensor(i32, (None,), 1, 4)) if varlen else (lambda: None))
 
@@ -54,13 +57,13 @@ def fake_args(key):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
     from ...common.head_sum_host import fake_tensor
-    D, H, w_name, varlen, has_len = key
-    t = fake_tensors(D, H, w_name, varlen)
+    D, H, w_name, varlen, has_len, det = key
+    t = fake_tensors(D, H, w_name, varlen, det)
     i32 = cutlass.Int32
     idx = fake_tensor(i32, t["lead"] + (None,), 1, 4)
     length = fake_tensor(i32, t["lead"], 1, 4) if has_len else None
     return (t["q"], t["k"], t["w"], idx, length, t["s"], t["lse"], t["a"], t["l1"], t["c"], t["dq"], t["dk"], t["dw"],
-            t["cu"](), t["cu"](), make_fake_stream())
+            t["cu"](), t["cu"](), t["keys"], i32(0), make_fake_stream())
 
 
 def compile_variant(key):
@@ -76,8 +79,11 @@ def compile_variant(key):
 
 def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
                        grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None,
-                       cu_seqlens_k=None, stream=0):
+                       cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
+    from ...common.deterministic_rows import check_workspace
     from ...common.head_sum_host import SparseHeadSumCall
+    if deterministic:
+        check_workspace(workspace, workspace_bytes)
     call = SparseHeadSumCall(("index_q", "index_k", "index_score", "index_lse"), index_q, index_k, topk_indices,
                              topk_length, index_score, index_lse, cu_seqlens_q, cu_seqlens_k)
     w = check_indexer_side(call, weights)
@@ -89,11 +95,29 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
         return
     if ka.shape[0] == 0 or (not call.varlen and ka.shape[1] == 0):
         raise ValueError("index_k: zero keys (the caller writes the empty-key result: zero gradients)")
-    fn = compile_variant(variant_key(call.head_dim, call.heads, w.dtype, call.varlen, topk_length is not None))
+    n_slots = at["topk_indices"].shape[-1]
+    deterministic = bool(deterministic) and n_slots > 0
+    fn = compile_variant(variant_key(call.head_dim, call.heads, w.dtype, call.varlen, topk_length is not None,
+                                     deterministic))
     opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
-    fn(qa.ffi, ka.ffi, w.ffi, at["topk_indices"].ffi, opt("topk_length"), sa.ffi, at["index_lse"].ffi,
-       extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi, dk.ffi,
-       extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"), s)
+    head = (qa.ffi, ka.ffi, w.ffi, at["topk_indices"].ffi, opt("topk_length"), sa.ffi, at["index_lse"].ffi,
+            extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi)
+    tail = (extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"))
+    launch_rows(fn, head, tail, (), call, dk, n_slots, deterministic, workspace, workspace_bytes, s)
+
+
+def launch_rows(fn, head, tail, scalars, call, dk, n_slots, deterministic, workspace, workspace_bytes, s):
+    """One launch (d_index_k by atomics), or the deterministic form (ops/common/deterministic_rows.py): staged
+    chunks of query rows, keys = the global key rows (b Sk + key, or the THD row). Both indexer backward seams."""
+    from ...common.deterministic_rows import run_in_chunks
+    if not deterministic:
+        fn(*head, dk.ffi, *tail, *scalars, None, 0, s)
+        return
+    n_out = int(math.prod(dk.shape[:-1]))
+    run_in_chunks(lambda stage, keys, row0: fn(*head, stage, *tail, *scalars, keys, row0, s),
+                  n_rows=call.rows[-1], n_batch=1 if call.varlen else call.rows[0], n_slots=n_slots, groups=1,
+                  width=call.head_dim, out=dk.ffi, out_rank=len(dk.shape), n_out=n_out, workspace=workspace,
+                  workspace_bytes=workspace_bytes, stream=s)
 
 
 def gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights, stream):

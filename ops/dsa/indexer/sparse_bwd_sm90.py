@@ -40,6 +40,15 @@ Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16
 d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam, accumulated), d_weights fp32 [B,Sq,Hi].
 THD: the same without B, cu_seqlens_q/k int32 [batch+1]; rows at or past cu_seqlens_q[-1]: dq 0, d_weights 0.
 
+Deterministic variant (deterministic=True; the seam sums d_index_k per key: ops/common/deterministic_rows.py): the
+grid covers the query rows [row0, row0 + R); entry e = ((row - row0) B + batch) K + slot; mdK is a staging buffer
+fp32 [E, Di] and each valid slot's dk rows go to row e with plain stores as the tile lies in the registers
+(vector_red_sm90.st_tile_pairs, no row exchange); mKeys[e] = the slot's global key row (b Sk + key, or the THD row),
+-1 where it adds nothing, written by the producer as it gathers the block (publish_rows: the producer's validity
+test is the consumers'), -1 for the slots past the last block (producer) and for a THD tail row (clear_row). CPU
+only so far (2026-12-04): compiled for sm_90a without wgmma serialization; the default variant's PTX unchanged but
+for one unused parameter; not yet run on the H200.
+
 Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
 top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the same run (2.59 before the slot loads
 moved a block ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md). 2026-12-04 19:30
@@ -60,7 +69,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
-from ...common.vector_red_sm90 import partner_rows, red_tile_lines
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 from ...common.softmax import acc_mn_view
 
 BK = 64
@@ -83,8 +92,10 @@ class SparseIndexerBwdSm90(BlockGather):
     CONSUMERS = 2
     REGS = {2: (40, 232), 3: (24, 160)}
 
-    def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool):
+    def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool,
+                 deterministic: bool = False):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
+        self.stage = deterministic      # d_index_k rows to a staging buffer (st.v2), keys to mKeys
         self.D, self.H, self.NC = head_dim, heads, head_dim // DC
         self.w_dtype, self.varlen, self.has_length = w_dtype, varlen, has_length
         self.dt = cutlass.BFloat16
@@ -101,29 +112,41 @@ class SparseIndexerBwdSm90(BlockGather):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
                  mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor, mC: cute.Tensor,
-                 mdQ: cute.Tensor, mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, stream):
-        tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK)
-        self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mmas,
-                    layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
+                 mdQ: cute.Tensor, mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                 mKeys: cute.Tensor, row0: Int32, stream):
+        """Deterministic variant: mdK is the staging buffer fp32 [E, Di] and mKeys int32 [E] of the rows
+        [row0, row0 + E / (B K)); otherwise mKeys is None and row0 0."""
+        tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK, mKeys, mIdx)
+        self.kernel(tma_q, tQ, k_v, dk_v, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, mKeys, row0,
+                    mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     @cute.jit
-    def setup(self, mQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor):
-        """(Q's TMA atom and tensor, key and d_index_k views (rows, Di, batch), grid, MMAs, shared layouts); sets
-        self.shared_storage and self.q_bytes."""
+    def setup(self, mQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor, mKeys: cute.Tensor, mSlots: cute.Tensor):
+        """(Q's TMA atom and tensor, key and d_index_k views (rows, Di, batch; deterministic: the staging buffer
+        (rows, Di)), grid (deterministic: the chunk's rows, from mKeys and mSlots' slot count), MMAs, shared layouts);
+        sets self.shared_storage and self.q_bytes."""
         D, H, dt = self.D, self.H, self.dt
         if cutlass.const_expr(self.varlen):
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[0] * H, D, 1), stride=(mQ.stride[1], 1, 0)))
             k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[0], D, 1), stride=(mK.stride[0], 1, 0)))
-            dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[0], D, 1), stride=(mdK.stride[0], 1, 0)))
+            dk_v = None
+            if cutlass.const_expr(not self.stage):
+                dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[0], D, 1),
+                                                                       stride=(mdK.stride[0], 1, 0)))
             grid = (mQ.shape[0], 1, 1)
         else:
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
                                                                  stride=(mQ.stride[2], 1, mQ.stride[0])))
             k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[1], D, mK.shape[0]),
                                                                  stride=(mK.stride[1], 1, mK.stride[0])))
-            dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[1], D, mdK.shape[0]),
-                                                                   stride=(mdK.stride[1], 1, mdK.stride[0])))
+            dk_v = None
+            if cutlass.const_expr(not self.stage):
+                dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[1], D, mdK.shape[0]),
+                                                                       stride=(mdK.stride[1], 1, mdK.stride[0])))
             grid = (mQ.shape[1], mQ.shape[0], 1)
+        if cutlass.const_expr(self.stage):
+            dk_v = cute.make_tensor(mdK.iterator, cute.make_layout((mdK.shape[0], D), stride=(D, 1)))
+            grid = (mKeys.shape[0] // (grid[1] * mSlots.shape[len(mSlots.shape) - 1]), grid[1], 1)
         K, MN, L = OperandMajorMode.K, OperandMajorMode.MN, LayoutEnum
         mma = lambda a, b, n: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
                                                                  tiler_mn=(64, n))
@@ -160,14 +183,17 @@ class SparseIndexerBwdSm90(BlockGather):
     def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor, mW: cute.Tensor,
                mIdx: cute.Tensor, mLen: cute.Tensor, mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor,
                mL1: cute.Tensor, mC: cute.Tensor, mdQ: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor,
-               mCuK: cute.Tensor, mmas, layouts):
+               mCuK: cute.Tensor, mKeys: cute.Tensor, row0: Int32, mmas, layouts):
         tidx, _, _ = cute.arch.thread_idx()
-        row, batch, _ = cute.arch.block_idx()
-        g = (tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW)
+        rel, batch, _ = cute.arch.block_idx()
+        row = rel
+        if cutlass.const_expr(self.stage):
+            row = row0 + rel
+        g = (tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mKeys, rel)
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
             if row >= mCuQ[n_seq]:
-                self.clear_row(mdQ, mdW, row, tidx)
+                self.clear_row(mdQ, mdW, row, tidx, mKeys, rel, mIdx)
             else:
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
@@ -197,11 +223,30 @@ class SparseIndexerBwdSm90(BlockGather):
         return row if cutlass.const_expr(self.varlen) else (batch, row)
 
     @cute.jit
-    def clear_row(self, mdQ: cute.Tensor, mdW: cute.Tensor, row: Int32, tidx: Int32):
+    def clear_row(self, mdQ: cute.Tensor, mdW: cute.Tensor, row: Int32, tidx: Int32, mKeys: cute.Tensor, rel: Int32,
+                  mSlots: cute.Tensor):
+        """A THD row at or past cu_seqlens_q[-1]: dq 0, d_weights 0 (deterministic: its keys -1, no entry)."""
+        if cutlass.const_expr(self.stage):
+            n_slots = mSlots.shape[1]
+            for i in cutlass.range(tidx, n_slots, self.threads, unroll=1):
+                mKeys[rel * n_slots + i] = Int32(-1)
         for i in cutlass.range(tidx, self.H * self.D, self.threads, unroll=1):
             mdQ[row, i // self.D, i % self.D] = self.dt(0.0)
         if tidx < self.H:
             mdW[row, tidx] = Float32(0.0)
+
+    @cute.jit
+    def publish_rows(self, stage, rows, n: Int32, tidx: Int32):
+        """Deterministic only (produce() gets no sRows otherwise): mKeys[ebase + slot] = the global key row of each
+        slot of block n the producer gathers (-1: invalid; the consumers' validity test is the same), slots < the
+        row's slot count, by the first of the 8 threads of each key row. stage = (mKeys, ebase, n_slots, key_off)."""
+        mKeys, ebase, n_slots, key_off = stage
+        per_row = DC // PIECE
+        if tidx % per_row == 0:
+            for p in cutlass.range_constexpr(self.pieces):
+                slot = n * BK + (tidx + 128 * p) // per_row
+                if slot < n_slots:
+                    mKeys[ebase + slot] = Int32(cutlass.select_(rows[p] >= 0, rows[p] + key_off, Int32(-1)))
 
     @cute.jit
     def slot_raw(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32):
@@ -235,9 +280,12 @@ class SparseIndexerBwdSm90(BlockGather):
     def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32,
                      row_len: Int32):
         """One query row's gradients over its first row_len slots (keys k_off + slot_raw(j))."""
-        tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW = g
+        tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mKeys, rel = g
         sQ_l, sQt_l, sK_l, sKt_l, sdA_l, sdAt_l = layouts
         n_blk = (row_len + BK - 1) // BK
+        n_slots = mIdx.shape[len(mIdx.shape) - 1]
+        # deterministic: entry (rel, batch, slot) of the chunk is ebase + slot; its key the global key row
+        ebase = (rel * (1 if cutlass.const_expr(self.varlen) else mIdx.shape[0]) + batch) * n_slots
 
         smem = SmemAllocator()
         st = smem.allocate(self.shared_storage)
@@ -263,7 +311,14 @@ class SparseIndexerBwdSm90(BlockGather):
             cute.arch.setmaxregister_decrease(self.REGS[self.W][0])
             if warp == 0:
                 load_resident_tiles(q_bar, self.q_bytes, ((tma_q, tQg, tQs),))
-            self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
+            if cutlass.const_expr(self.stage):
+                key_off = Int32(0) if cutlass.const_expr(self.varlen) else batch * seqlen_k
+                self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx,
+                             (mKeys, ebase, n_slots, key_off))
+                for i in cutlass.range(n_blk * BK + tidx, n_slots, 128, unroll=1):    # past the last block
+                    mKeys[ebase + i] = Int32(-1)
+            else:
+                self.produce(pipe, sK, mK, mIdx, batch, row, row_len, n_blk, k_off, seqlen_k, tidx)
         else:
             cute.arch.setmaxregister_increase(self.REGS[self.W][1])
             ctid = tidx - 128
@@ -283,7 +338,7 @@ class SparseIndexerBwdSm90(BlockGather):
             dq_mma.set(warpgroup.Field.ACCUMULATE, True)
             sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ)
             self.consume(pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid, batch, row, row_len, n_blk,
-                         k_off, seqlen_k)
+                         k_off, seqlen_k, ebase)
 
     @cute.jit
     def row_sums(self, sRed, sW, mW, mIdx, mS, mA, batch: Int32, row: Int32, row_len: Int32, seqlen_k: Int32,
@@ -325,7 +380,7 @@ class SparseIndexerBwdSm90(BlockGather):
 
     @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
-                row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32):
+                row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32):
         sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
@@ -384,8 +439,12 @@ class SparseIndexerBwdSm90(BlockGather):
                     self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, (n + self.W) * BK + x_id[r, 0][0],
                                     row_len, r)
             warpgroup.wait_group(0)
-            partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
-                         Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
+            if cutlass.const_expr(self.stage):      # the slots' staging rows (entry ebase + slot), this lane's own
+                for r in cutlass.range_constexpr(2):
+                    krow_b[0, r] = Int32(cutlass.select_(kval[r], ebase + n * BK + x_id[r, 0][0], Int32(-1)))
+            else:
+                partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
+                             Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
             # ---- d_weights partials, dA (bf16) to sdA[w]
             x_mn = acc_mn_view(acc_x)
             for r in cutlass.range_constexpr(2):
@@ -416,7 +475,10 @@ class SparseIndexerBwdSm90(BlockGather):
                     cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
+                if cutlass.const_expr(self.stage):
+                    st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
+                else:
+                    red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
             warpgroup.wait_group(0)
             for ch in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.chunk_state(n, ch, False))

@@ -13,19 +13,10 @@ workspace=None, workspace_bytes=1 << 30, stream=0) -> None``
 Semantics: bwd_sm90.py. Variants: (Dqk, Dv, H, varlen, with topk_length, with sink, with dlse, deterministic).
 Every check raises ValueError naming the argument before any compile or launch.
 
-dkv: by default fp32 atomics (red.v4), not bitwise deterministic. deterministic=True: bitwise reproducible, in
-chunks of query rows, each chunk's rows of no more than `workspace_bytes` of staging buffer (at least one row):
-  1. the kernel (deterministic variant) writes each valid slot's dkv row (per head group) to a staging buffer
-     fp32 [E G, Dqk] (E = rows x B x K entries, G = H / 64) and each entry's global kv row (b Skv + idx, or the
-     THD row; -1: no contribution) to keys int32 [E]; dq and d_sink_rows as always;
-  2. workspace.sort_keys orders the entries by key (ties by entry id);
-  3. ops/common/segment_sum_sm90.py adds each key's entries to dkv in that order (chunk after chunk).
-`workspace` is the framework's side of this: .alloc(shape, dtype_name) -> a new uninitialised tensor,
-.export(t) -> its DLPack export (writable, never a copy), .sort_keys(keys, n_kv) -> (sorted_keys, order), both
-int32 [E] tensors of the framework: sorted_keys the keys in non-decreasing order (an entry whose key is outside
-[0, n_kv), i.e. -1, may sort anywhere the order stays non-decreasing: it is never summed), order[i] the entry at
-position i, equal keys in increasing entry order; every op on the stream `stream`.
-Memory: the staging buffer (<= workspace_bytes, or one row's worth) and 3 int32 [E] per chunk.
+dkv: by default fp32 atomics (red.v4), not bitwise deterministic. deterministic=True: bitwise reproducible, by
+ops/common/deterministic_rows.py (its docstring has the contract of `workspace` and the memory): the kernel's
+deterministic variant stages each valid slot's dkv rows (one per 64-head group) with the slot's global kv row
+(b Skv + idx, or the THD row) as its key, chunk after chunk of query rows within `workspace_bytes`.
 """
 import math
 import os
@@ -90,6 +81,7 @@ def compile_variant(key):
 def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale, attn_sink=None,
                     d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
+    from ...common.deterministic_rows import check_workspace, run_in_chunks
     from ...common.fill_sm90 import fill_f32
     from ...common.tensors import arg_tensor, stream_handle
     from .fwd import SparseAttnCall, checked_scale
@@ -121,12 +113,7 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
     scale = checked_scale(softmax_scale)
     deterministic = bool(deterministic)
     if deterministic:
-        if workspace is None or not all(callable(getattr(workspace, m, None)) for m in ("alloc", "export",
-                                                                                       "sort_keys")):
-            raise ValueError("workspace: deterministic=True needs an object with alloc, export and sort_keys "
-                             "(see ops/dsa/sparse_attn/bwd.py)")
-        if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or workspace_bytes < 0:
-            raise ValueError(f"workspace_bytes: expected an int >= 0, got {workspace_bytes!r}")
+        check_workspace(workspace, workspace_bytes)
     n_kv = 1
     for d in dkva.shape:
         n_kv *= d
@@ -155,25 +142,7 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
     if not deterministic:
         fn(*args, dkva.ffi, *tail, None, 0, scale, s)
         return
-    from ...common.segment_sum_sm90 import segment_sum
-    groups, width = H // 64, call.head_dim
-    n_batch = 1 if call.varlen else rows[0]
-    n_rows = rows[-1]                         # Sq, or Tq
-    per_row = n_batch * n_slots               # entries a query row
-    cap = (2 ** 31 - 1) // (per_row * groups * width)     # int32 element offsets in the staging buffer
-    if cap < 1:
-        raise ValueError(f"topk_indices: {n_slots} slots x batch {n_batch} is too large for the deterministic "
-                         f"backward (staging offsets must fit int32)")
-    chunk = max(1, min(cap, workspace_bytes // (per_row * groups * width * 4)))
-    kv_rows = n_kv // width
-    for row0 in range(0, n_rows, chunk):
-        n_e = min(chunk, n_rows - row0) * per_row
-        stage = arg_tensor(workspace.export(workspace.alloc((n_e * groups, width), "float32")), "staging workspace")
-        keys_t = workspace.alloc((n_e,), "int32")
-        keys = arg_tensor(workspace.export(keys_t), "keys workspace")
-        fn(*args, stage.ffi, *tail, keys.ffi, row0, scale, s)
-        if kv_rows:
-            sorted_keys, order = workspace.sort_keys(keys_t, kv_rows)
-            segment_sum(stage.ffi, arg_tensor(workspace.export(sorted_keys), "sorted keys").ffi,
-                        arg_tensor(workspace.export(order), "entry order").ffi, dkva.ffi, width=width,
-                        rank=len(dkva.shape), n_out=kv_rows, groups=groups, stream=s)
+    run_in_chunks(lambda stage, keys, row0: fn(*args, stage, *tail, keys, row0, scale, s),
+                  n_rows=rows[-1], n_batch=1 if call.varlen else rows[0], n_slots=n_slots, groups=H // 64,
+                  width=call.head_dim, out=dkva.ffi, out_rank=len(dkva.shape), n_out=n_kv // call.head_dim,
+                  workspace=workspace, workspace_bytes=workspace_bytes, stream=s)

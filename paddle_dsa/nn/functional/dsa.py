@@ -314,8 +314,7 @@ def _kernel_backward(ctx, cfg, query, kv, out, dout, lse, dlse, sink, slots):
     dq, dkv, dsink = gpu.sparse_attention_bwd(
         query, kv, slots["topk_indices"], out, dout, lse, scale=cfg.scale,
         attn_sink=None if sink is None else _f32(sink), dlse=None if dlse is None else _f32(dlse),
-        topk_length=slots.get("topk_length"), cu_q=slots.get("cu_seqlens_q"), cu_k=slots.get("cu_seqlens_k"),
-        deterministic=config.deterministic_backward, workspace_bytes=config.deterministic_workspace_bytes)
+        topk_length=slots.get("topk_length"), cu_q=slots.get("cu_seqlens_q"), cu_k=slots.get("cu_seqlens_k"))
     grads = [dq.astype(query.dtype), dkv.astype(kv.dtype)]
     if sink is not None:
         grads.append(dsink.astype(sink.dtype))
