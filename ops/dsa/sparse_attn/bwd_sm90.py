@@ -111,7 +111,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         self.NC, self.NV = head_dim // DC, v_head_dim // DC
         self.stages = self.NC                     # one kv slot, a stage per chunk
         self.varlen, self.has_length, self.has_sink, self.has_dlse = varlen, has_length, has_sink, has_dlse
-        self.stage = deterministic                # dkv rows to the staging buffer (st.v4), keys to mKeys
+        self.stage = deterministic                # dkv rows to the staging buffer (st.v2), keys to mKeys
         self.G = heads // HG
         self.dt = cutlass.BFloat16
         self.pieces = BK * DC // PIECE // 128     # 4
