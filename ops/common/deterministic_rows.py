@@ -28,6 +28,18 @@ def check_workspace(workspace, workspace_bytes):
         raise ValueError(f"workspace_bytes: expected an int >= 0, got {workspace_bytes!r}")
 
 
+def check_row(n_batch, n_slots, groups, width):
+    """ValueError unless one query row's staging rows fit int32 element offsets (the seams call it before any
+    launch); returns the rows a chunk may hold at most."""
+    row_elems = n_batch * n_slots * groups * width
+    cap = (2 ** 31 - 1) // max(row_elems, 1)                      # int32 element offsets in the staging buffer
+    if cap < 1:
+        raise ValueError(f"deterministic=True: one query row stages {row_elems} fp32 values (batch {n_batch} x "
+                         f"{n_slots} slots x {groups} x {width}), more than int32 offsets reach; use the default "
+                         f"mode or split the batch")
+    return cap
+
+
 def run_in_chunks(launch, *, n_rows, n_batch, n_slots, groups, width, out, out_rank, n_out, workspace,
                   workspace_bytes, stream):
     """Steps 1-3 above for rows [0, n_rows); out: the tvm_ffi fp32 tensor (out_rank axes, n_out rows of `width`
@@ -36,10 +48,7 @@ def run_in_chunks(launch, *, n_rows, n_batch, n_slots, groups, width, out, out_r
     from .tensors import arg_tensor
     per_row = n_batch * n_slots                                   # entries a query row
     row_elems = per_row * groups * width
-    cap = (2 ** 31 - 1) // row_elems                              # int32 element offsets in the staging buffer
-    if cap < 1:
-        raise ValueError(f"deterministic backward: one query row stages {row_elems} fp32 values (batch {n_batch} x "
-                         f"{n_slots} slots x {groups} x {width}), more than int32 offsets reach")
+    cap = check_row(n_batch, n_slots, groups, width)
     chunk = max(1, min(cap, workspace_bytes // (row_elems * 4)))
     for row0 in range(0, n_rows, chunk):
         n_e = min(chunk, n_rows - row0) * per_row

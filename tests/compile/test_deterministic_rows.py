@@ -113,3 +113,10 @@ def test_check_workspace(bad, msg):
         deterministic_rows.check_workspace(bad, 1 << 20)
     with pytest.raises(ValueError, match="workspace_bytes"):
         deterministic_rows.check_workspace(HostWorkspace(), True)
+
+
+def test_check_row():
+    """One query row's staging must fit int32 element offsets; the seams check it before any launch."""
+    assert deterministic_rows.check_row(1, 2048, 2, 576) == (2 ** 31 - 1) // (2048 * 2 * 576)
+    with pytest.raises(ValueError, match="deterministic=True: one query row stages"):
+        deterministic_rows.check_row(8, 2 ** 20, 2, 576)

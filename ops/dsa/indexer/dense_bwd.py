@@ -66,7 +66,7 @@ def compile_variant(key):
 def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
                       d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
                       cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
-    from ...common.deterministic_rows import check_workspace
+    from ...common.deterministic_rows import check_row, check_workspace
     from ...common.head_sum_host import HeadSumCall
     from .sparse_bwd import gradient_buffers, launch_rows
     if deterministic:
@@ -77,6 +77,8 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
                        q_offsets, cu_seqlens_q, cu_seqlens_k, 0, ratio)
     w = check_indexer_side(call, weights)
     w.require_inner_contiguous(w.bits // 8)
+    if deterministic:
+        check_row(1 if call.varlen else call.rows[0], call.at["index_score"].shape[-1], 1, call.head_dim)
     extra, c, dk, s = gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights,
                                        stream)
     at = call.at

@@ -80,7 +80,7 @@ def compile_variant(key):
 def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, index_lse, attn_score, attn_l1norm,
                        grad_scale, d_index_q, d_index_k, d_weights, *, topk_length=None, cu_seqlens_q=None,
                        cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
-    from ...common.deterministic_rows import check_workspace
+    from ...common.deterministic_rows import check_row, check_workspace
     from ...common.head_sum_host import SparseHeadSumCall
     if deterministic:
         check_workspace(workspace, workspace_bytes)
@@ -88,6 +88,8 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
                              topk_length, index_score, index_lse, cu_seqlens_q, cu_seqlens_k)
     w = check_indexer_side(call, weights)
     w.require_inner_contiguous(w.bits // 8)
+    if deterministic:
+        check_row(1 if call.varlen else call.rows[0], call.at["topk_indices"].shape[-1], 1, call.head_dim)
     extra, c, dk, s = gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights,
                                        stream)
     at, qa, ka, sa = call.at, call.at["index_q"], call.at["index_k"], call.at["index_score"]

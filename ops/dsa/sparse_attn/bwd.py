@@ -81,7 +81,7 @@ def compile_variant(key):
 def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *, softmax_scale, attn_sink=None,
                     d_sink_rows=None, dlse=None, topk_length=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
-    from ...common.deterministic_rows import check_workspace, run_in_chunks
+    from ...common.deterministic_rows import check_row, check_workspace, run_in_chunks
     from ...common.fill_sm90 import fill_f32
     from ...common.tensors import arg_tensor, stream_handle
     from .fwd import SparseAttnCall, checked_scale
@@ -114,6 +114,7 @@ def sparse_attn_bwd(query, kv, topk_indices, out, dout, softmax_lse, dq, dkv, *,
     deterministic = bool(deterministic)
     if deterministic:
         check_workspace(workspace, workspace_bytes)
+        check_row(1 if call.varlen else rows[0], at["topk_indices"].shape[-1], H // 64, call.head_dim)
     n_kv = 1
     for d in dkva.shape:
         n_kv *= d
