@@ -25,34 +25,30 @@ def test_compile_variant(key):
     assert sparse_bwd.compile_variant(key) is not None
 
 
-def test_ptx(tmp_path):
+@pytest.mark.parametrize("module,key", [("sparse_bwd", "128, 64, 'float32', False, False"),
+                                        ("sparse_bwd", "128, 64, 'float32', True, True, True"),
+                                        ("dense_bwd", "128, 64, 'float32', True, True"),
+                                        ("dense_bwd", "128, 64, 'bfloat16', True, True, True")])
+def test_ptx(tmp_path, module, key):
+    """Both indexer backwards (the dense one is the sparse kernel with another slot source): X^T, dq^T and dk
+    wgmmas, 16-byte gathers, no local memory; d_index_k by red.v4, or in the deterministic variant (key ends in
+    True) stored to its staging rows as the tile lies in the registers (st.global.v2: 2 rows x 8 column pairs a
+    thread, 2 chunks), no reduction at all."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import sparse_bwd as m; "
-            f"m.compile_variant(m.variant_key(128, 64, 'float32', False, False))")
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import {module} as m; "
+            f"m.compile_variant(m.variant_key({key}))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4          # X^T, dq^T, dk: 2 chunks each
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 4
-    assert text.count("red.relaxed.gpu.global.add.v4.f32") == 2 * 8         # 32 values a tile, 4 a request
-    assert text.count("red.relaxed.gpu.global.add.f32") == 0
+    if key.count(",") == 5:
+        assert not re.search(r"\b(red|atom)\.", text)
+        assert text.count("st.global.v2.f32") == 2 * 2 * 8
+    else:
+        assert text.count("red.relaxed.gpu.global.add.v4.f32") == 2 * 8     # 32 values a tile, 4 a request
+        assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
-
-
-
-def test_ptx_deterministic(tmp_path):
-    """The deterministic variant: the same wgmmas and gathers, no reduction: each dk tile stored to its staging rows
-    as it lies in the registers (st.global.v2: 2 rows x 8 column pairs a thread, 2 chunks)."""
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
-               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import sparse_bwd as m; "
-            f"m.compile_variant(m.variant_key(128, 64, 'float32', True, True, True))")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
-    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4
-    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 4
-    assert not re.search(r"\b(red|atom)\.", text)
-    assert text.count("st.global.v2.f32") == 2 * 2 * 8
 
 
 def f32(*s):

@@ -42,37 +42,28 @@ def test_compile_fill(rank):
                         cutlass.Int32(1), make_fake_stream(), options="--enable-tvm-ffi") is not None
 
 
-def test_bwd_ptx(tmp_path):
+@pytest.mark.parametrize("det", [False, True], ids=["atomics", "deterministic"])
+def test_bwd_ptx(tmp_path, det):
+    """Default variant (BSHD, H 64): dkv by red.v4 whole lines. Deterministic variant (THD, H 128, topk_length, sink,
+    dlse): the same wgmmas and gathers, no reduction at all: each dkv tile stored to its staging rows as it lies in
+    the registers (st.global.v2, no shuffle)."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
+    key = "576, 512, 128, True, True, True, True, True" if det else "576, 512, 64, False, False, False, False"
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.sparse_attn import bwd; "
-            f"bwd.compile_variant(bwd.variant_key(576, 512, 64, False, False, False, False))")
+            f"bwd.compile_variant(bwd.variant_key({key}))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     # consumer A: S (9 chunks x 4 k16), dP (8 x 4), dq chunks 0-3 (4 x 4 k16 over 64 keys), dkv tiles 7 (4 + 4) and
     # 8 (4: no V columns); consumer B: dq chunks 4-8 (5 x 4), dkv tiles 0-6 (7 x 8)
     assert text.count("wgmma.mma_async") == (36 + 32 + 4 * 4 + 8 + 4) + (5 * 4 + 7 * 8)
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
-    # a 64 x 64 dkv tile: 2 lines of 32 columns, 4 (row pair, row) red.v4 instructions a line; 9 tiles
-    assert text.count("red.relaxed.gpu.global.add.v4.f32") == 9 * 2 * 4
-    assert text.count("red.relaxed.gpu.global.add.f32") == 0
-    assert "st.local" not in text and "ld.local" not in text
-
-
-def test_bwd_deterministic_ptx(tmp_path):
-    """The deterministic variant (THD, H 128, topk_length, sink, dlse): the same wgmmas and gathers, no reduction
-    at all: each dkv tile stored to the staging rows as it lies in the registers (st.global.v2, no shuffle)."""
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
-               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.sparse_attn import bwd; "
-            f"bwd.compile_variant(bwd.variant_key(576, 512, 128, True, True, True, True, True))")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
-    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    assert text.count("wgmma.mma_async") == (36 + 32 + 4 * 4 + 8 + 4) + (5 * 4 + 7 * 8)
-    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
-    assert not re.search(r"\b(red|atom)\.", text)
-    # a 64 x 64 tile: 2 rows x 8 column pairs a thread; 9 tiles
-    assert text.count("st.global.v2.f32") == 9 * 2 * 8
+    if det:     # a 64 x 64 tile: 2 rows x 8 column pairs a thread; 9 tiles
+        assert not re.search(r"\b(red|atom)\.", text)
+        assert text.count("st.global.v2.f32") == 9 * 2 * 8
+    else:       # a 64 x 64 dkv tile: 2 lines of 32 columns, 4 (row pair, row) red.v4 instructions a line; 9 tiles
+        assert text.count("red.relaxed.gpu.global.add.v4.f32") == 9 * 2 * 4
+        assert text.count("red.relaxed.gpu.global.add.f32") == 0
     assert "st.local" not in text and "ld.local" not in text
 
 
