@@ -19,6 +19,9 @@ row's worth) and three int32 [E].
 """
 
 
+SMS = 132      # H200 SMs: a chunk holds whole waves of the backward's one-CTA-a-(row, head group, batch) grid
+
+
 def check_workspace(workspace, workspace_bytes):
     """ValueError naming the argument unless deterministic mode can run with these."""
     if workspace is None or not all(callable(getattr(workspace, m, None)) for m in ("alloc", "export", "sort_keys")):
@@ -50,6 +53,9 @@ def run_in_chunks(launch, *, n_rows, n_batch, n_slots, groups, width, out, out_r
     row_elems = per_row * groups * width
     cap = check_row(n_batch, n_slots, groups, width)
     chunk = max(1, min(cap, workspace_bytes // (row_elems * 4)))
+    wave = max(1, SMS // (groups * n_batch))                      # rows whose CTAs fill the SMs once
+    if chunk > wave:
+        chunk -= chunk % wave                                     # whole waves (the sums do not depend on it)
     for row0 in range(0, n_rows, chunk):
         n_e = min(chunk, n_rows - row0) * per_row
         stage = arg_tensor(workspace.export(workspace.alloc((n_e * groups, width), "float32")), "staging workspace")

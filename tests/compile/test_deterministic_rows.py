@@ -2,7 +2,7 @@
 emulated in numpy on host memory relabelled as CUDA (cuda_labelled.py): the staging kernel writes the contract's
 entries (e = ((row - row0) B + batch) K + slot, its `groups` rows e G + g, its key or -1), the sort is the workspace's,
 the segment sums are float32 adds in the sorted order. Checks: the chunking (chunk count and sizes from
-workspace_bytes, at least one row a chunk), every key's sum equal to float32 sums in (row, slot, group) order, bit
+workspace_bytes, at least one row a chunk, whole waves of rows above one wave), every key's sum equal to float32 sums in (row, slot, group) order, bit
 for bit, for every chunk size (the order does not depend on it), keys outside [0, n_out) never summed, stage rows of
 entries without a key never read (they hold NaN)."""
 import ctypes
@@ -96,7 +96,9 @@ def test_run_in_chunks(monkeypatch, n_batch, groups):
                         want[b * skv + i] = want[b * skv + i] + grads[r, b, s, g]
     row_bytes = n_batch * n_slots * groups * width * 4
     from ops.common.tensors import arg_tensor
-    for wb, chunks in ((0, [1] * n_rows), (3 * row_bytes + 5, [3, 3, 3, 3, 1]), (1 << 30, [n_rows])):
+    monkeypatch.setattr(deterministic_rows, "SMS", 4 * groups * n_batch)     # a wave: 4 rows
+    for wb, chunks in ((0, [1] * n_rows), (3 * row_bytes + 5, [3, 3, 3, 3, 1]), (6 * row_bytes, [4, 4, 4, 1]),
+                       (1 << 30, [n_rows])):
         out = cuda(np.zeros((n_batch, skv, width), np.float32))
         ws = HostWorkspace()
         deterministic_rows.run_in_chunks(launch, n_rows=n_rows, n_batch=n_batch, n_slots=n_slots, groups=groups,
