@@ -213,6 +213,7 @@ def test_cuda_graph_capture(det):
     else:
         assert ((out[1] - ex[1]).abs() <= 2 ** -14 * ex[1].abs().max()).all()
 
+
 def row_bytes(rows, K, D):
     return (rows[0] if len(rows) == 2 else 1) * K * D * 4
 

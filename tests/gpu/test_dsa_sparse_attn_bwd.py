@@ -239,6 +239,7 @@ def test_cuda_graph_capture(det):
     else:
         assert ((dkv - ex[1]).abs() <= 2 ** -14 * ex[1].abs().max()).all()
 
+
 def row_bytes(rows, K, H, D):
     """Staging bytes of one query row (the seam's chunk unit)."""
     return (rows[0] if len(rows) == 2 else 1) * K * (H // 64) * D * 4
