@@ -28,7 +28,6 @@ buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
 
 
 @cute.jit
@@ -41,10 +40,10 @@ def red_add_v4(ptr, x0: Float32, x1: Float32, x2: Float32, x3: Float32):
 
 @cute.jit
 def st_v2(ptr, x0: Float32, x1: Float32):
-    """*ptr[0:2] = (x0, x1) as one st.global.v2.f32 (ptr 8-byte aligned; inline PTX)."""
-    llvm.inline_asm(None, [ptr.toint().ir_value(), x0.ir_value(), x1.ir_value()],
-                    "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    """*ptr[0:2] = (x0, x1) as one st.global.v2.f32 (ptr 8-byte aligned)."""
+    v = cute.make_rmem_tensor((2,), Float32)
+    v[0], v[1] = x0, x1
+    cute.arch.store(ptr, v.load())
 
 
 def swap_lane_bit(v, hi, offset: int, vmask: int):

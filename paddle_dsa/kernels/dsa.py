@@ -159,9 +159,8 @@ def sparse_attention_bwd(query, kv, topk_indices, out, dout, softmax_lse, *, sca
     it (the public layout), dlse float32 in that layout or None; attn_sink float32 [H] or None; cu_q / cu_k device
     tensors (THD) or None. dkv comes from _empty like every output: the seam zeroes it, then accumulates (fp32
     atomics; with config.deterministic_backward: staged rows summed per key in a fixed order, _deterministic()).
-    d_sink is the per-row
-    d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on the same stream): nothing is
-    read on the host."""
+    d_sink is the per-row d_sink_rows the kernel writes, summed over the rows here (a Paddle reduction on the same
+    stream): nothing is read on the host."""
     thd = cu_q is not None
     heads = PORT.shape(query)[-2]
     dq = _empty(PORT.shape(query), query.dtype)
@@ -188,9 +187,9 @@ def _deterministic():
 
 
 class DeterministicWorkspace:
-    """The Paddle side of the deterministic sparse backwards (ops/dsa/sparse_attn/bwd.py, `workspace`): buffers from
-    _empty (the kernels write every element they read), exported writable, and the sort of the staged entries by key,
-    all on Paddle's current stream, nothing read on the host."""
+    """The Paddle side of the deterministic DSA backwards (`workspace` of ops/common/deterministic_rows.py): buffers
+    from _empty (the kernels write every element they read), exported writable, and the sort of the staged entries by
+    key, all on Paddle's current stream, nothing read on the host."""
 
     @staticmethod
     def alloc(shape, dtype):

@@ -60,7 +60,7 @@ def test_bwd_ptx(tmp_path, det):
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
     if det:     # a 64 x 64 tile: 2 rows x 8 column pairs a thread; 9 tiles
         assert not re.search(r"\b(red|atom)\.", text)
-        assert text.count("st.global.v2.f32") == 9 * 2 * 8
+        assert text.count("st.global.v2.") == 9 * 2 * 8
     else:       # a 64 x 64 dkv tile: 2 lines of 32 columns, 4 (row pair, row) red.v4 instructions a line; 9 tiles
         assert text.count("red.relaxed.gpu.global.add.v4.f32") == 9 * 2 * 4
         assert text.count("red.relaxed.gpu.global.add.f32") == 0

@@ -10,9 +10,10 @@ deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0)``
           d_index_k fp32 like index_k, contiguous (zeroed here, then accumulated), d_weights fp32 [B,Sq,Hi]
           (written), topk_length int32 [B,Sq]
   THD   : the same without B; cu_seqlens_q/k int32 [batch+1]
-Semantics: sparse_bwd_sm90.py. Variants: (Di, Hi, weights dtype, varlen, with topk_length, deterministic). d_index_k is not
-deterministic (fp32 atomics) unless deterministic=True (ops/common/deterministic_rows.py: staged, sorted by key through
-`workspace`, summed in a fixed order). Every check raises ValueError naming the argument before any compile or launch.
+Semantics: sparse_bwd_sm90.py. Variants: (Di, Hi, weights dtype, varlen, with topk_length, deterministic).
+d_index_k is not deterministic (fp32 atomics) unless deterministic=True (ops/common/deterministic_rows.py: staged,
+sorted by key through `workspace`, summed in a fixed order). Every check raises ValueError naming the argument before
+any compile or launch.
 """
 import math
 import os

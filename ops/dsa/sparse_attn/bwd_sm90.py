@@ -204,7 +204,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         if cutlass.const_expr(self.varlen):
             n_seq = mCuQ.shape[0] - 1
             if row >= mCuQ[n_seq]:
-                self.clear_row(mdQ, mdSink, mKeys, row, rel, grp, tidx)
+                self.clear_row(mdQ, mdSink, mKeys, mIdx.shape[1], row, rel, grp, tidx)
             else:
                 b = find_sequence(mCuQ, n_seq, row, tidx % 32)
                 k_off = mCuK[b]
@@ -213,14 +213,13 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             self.backward_row(g, mmas, layouts, tidx, grp, batch, row, Int32(0), mKv.shape[0])
 
     @cute.jit
-    def clear_row(self, mdQ: cute.Tensor, mdSink: cute.Tensor, mKeys: cute.Tensor, row: Int32, rel: Int32, grp: Int32,
-                  tidx: Int32):
+    def clear_row(self, mdQ: cute.Tensor, mdSink: cute.Tensor, mKeys: cute.Tensor, n_slots: Int32, row: Int32,
+                  rel: Int32, grp: Int32, tidx: Int32):
         """A THD row at or past cu_seqlens_q[-1]: dq 0 and d_sink_rows 0 for this CTA's heads (deterministic: keys
         -1, no entry)."""
         h0 = grp * HG
         if cutlass.const_expr(self.stage):
             if grp == 0:
-                n_slots = mKeys.shape[0] // cute.arch.grid_dim()[0]
                 for i in cutlass.range(tidx, n_slots, NUM_THREADS, unroll=1):
                     mKeys[rel * n_slots + i] = Int32(-1)
         for i in cutlass.range(tidx, HG * self.D, NUM_THREADS, unroll=1):
