@@ -21,6 +21,8 @@ Run:  python bench/flash_attention.py                 # forward and backward tab
       python bench/flash_attention.py --quick         # S = 8k only
       python bench/flash_attention.py --fwd --quick --dims 96,192/128,192,256 --csv PATH   # other head dims
       python bench/flash_attention.py --csv PATH --no-fa4 --iters 10
+      python bench/flash_attention.py --bwd --quick --det   # + the deterministic backward's two kernels
+                                                      #   (PADDLE_DSA_BWD_DET recompute / ordered)
       python bench/flash_attention.py --host          # host cost of one forward seam call (cProfile)
 Plot:  python bench/plot_performance.py CSV -o SVG
 """
@@ -44,7 +46,9 @@ from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "fa4")
-LABELS = {"ours": "ours", "sdpa_flash": "SDPA-FA2", "sdpa_cudnn": "cuDNN", "fa4": "FA4"}
+DET_IMPLS = ("det_recompute", "det_ordered")   # --det: backward only, deterministic=True with det= each kernel
+LABELS = {"ours": "ours", "sdpa_flash": "SDPA-FA2", "sdpa_cudnn": "cuDNN", "fa4": "FA4", "det_recompute": "det-rc",
+          "det_ordered": "det-ord"}
 CSV_FIELDS = ("pass", "head_dim", "causal", "batch", "heads", "seqlen", "impl", "ms", "tflops", "host_bound", "note")
 
 
@@ -75,7 +79,7 @@ def load_fa4():
 
 
 # ------------------------------------------------------------------------------------------------ one shape
-def bench_shape(D, causal, B, H, S, passes, iters, fa4, Dv=None):
+def bench_shape(D, causal, B, H, S, passes, iters, fa4, Dv=None, det=False):
     """Returns {pass: {impl: (seconds or None, host_bound, note)}} for one shape."""
     dt = torch.bfloat16
     Dv = D if Dv is None else Dv
@@ -121,6 +125,14 @@ def bench_shape(D, causal, B, H, S, passes, iters, fa4, Dv=None):
             return lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale, causal=causal,
                                           window=(-1, -1), alloc=alloc, stream=stream)
         run("bwd", "ours", ours_bwd)
+        for impl in (DET_IMPLS if det else ()):
+            def det_bwd(kind=impl[len("det_"):]):
+                flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=causal, window=(-1, -1),
+                               stream=stream)
+                return lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale,
+                                              causal=causal, window=(-1, -1), alloc=alloc, stream=stream,
+                                              deterministic=True, det=kind)
+            run("bwd", impl, det_bwd)
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         for impl, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             def sdpa_bwd():
@@ -166,7 +178,7 @@ def main(a):
     passes = [p for p in ("fwd", "bwd") if (p == "fwd" and not a.bwd) or (p == "bwd" and not a.fwd)]
     seqlens = [8192] if a.quick else [int(s) for s in a.seqlens.split(",")]
     fa4, fa4_ver, fa4_err = (None, None, "disabled (--no-fa4)") if a.no_fa4 else load_fa4()
-    impls = [i for i in IMPLS if i != "fa4" or fa4 is not None]
+    impls = [i for i in IMPLS if i != "fa4" or fa4 is not None] + (list(DET_IMPLS) if a.det else [])
     out_dir = os.environ.get("OUT") or "/tmp/gpu_out"
     csv_path = a.csv or os.path.join(out_dir, "bench_flash_attention.csv")
     os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
@@ -186,7 +198,7 @@ def main(a):
             for causal in (False, True):
                 for S in seqlens:
                     B = max(1, a.tokens // S)
-                    res = bench_shape(D, causal, B, a.heads, S, passes, a.iters, fa4, Dv)
+                    res = bench_shape(D, causal, B, a.heads, S, passes, a.iters, fa4, Dv, det=a.det)
                     label = D if Dv == D else f"{D}/{Dv}"
                     for p in passes:
                         flops = 2.0 * B * a.heads * S * S * (D + Dv) * (0.5 if causal else 1.0) * \
@@ -274,6 +286,9 @@ def parse_args(argv=None):
     ap.add_argument("--csv", default=None, help="CSV path (default $OUT/bench_flash_attention.csv)")
     ap.add_argument("--no-fa4", action="store_true", help="leave FlashAttention-4 out")
     ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")
+    ap.add_argument("--det", action="store_true", help="also time the deterministic backward (both kernels); "
+                                                       "the ratio columns ours / det-rc and ours / det-ord are the "
+                                                       "inverse of det's fraction of the default's speed")
     return ap.parse_args(argv)
 
 

@@ -31,7 +31,29 @@ Schedule of ``_main_fast``:
   tile overlapping the next varlen segment adds exact zeros to it; rows past the tensor end are clipped by TMA.
 - Per-element masking only on tiles that need it (mask.block_needs_mask, plus rows past the segment end).
 
-The deterministic mode keeps the simple kernels (backward_sm90.py).
+Ordered form (``ordered=True``; the deterministic mode when PADDLE_DSA_BWD_DET=ordered, bwd.py): the same kernel,
+with every dQ tile's bulk reduces taken in a fixed order, so dQ is bitwise the same on every run (dK and dV are
+per-CTA register sums, deterministic already, and bitwise equal to the non-deterministic kernel's):
+  - key blocks run highest first (nb = grid_n - 1 - blockIdx.x), and the writers of dQ tile (segment, query head,
+    query block m) go in descending key-block order, warpgroup 0 before warpgroup 1 in mode 1 (both add to the same
+    columns), both together in mode 2 (disjoint column halves). A writer's turn is the number of writers before it
+    (``_turns``: 2 (nb_last(m) - nb) + cwg in mode 1), counted on an int32 counter per dQ tile (the ``turn
+    workspace`` [query head, slot], slot = segment + the block's first row // 64 counting rows over all segments
+    (``_turn_slot0``: injective, and in bounds whatever max_seqlen_q says), zeroed by ``_zero_turns`` on the stream
+    before the main kernel);
+  - protocol (ops/common/tile_order.py): warp 0 of the warpgroup waits (lane 0 spins with ld.acquire.gpu, then
+    syncwarp and fence.proxy.async.global) until the counter reaches its turn, then issues the reduce; at its next
+    tile's reduce (or after its last tile) it waits for the full completion of that bulk group (wait_group 0, not
+    .read), fences the async proxy and adds 1 with red.release.gpu. So a turn passes one tile late, which costs a
+    waiting CTA about one tile at the start of a chain of key blocks, not one tile per tile;
+  - deadlock freedom: a CTA waits only for CTAs of higher key blocks of its (kv head, segment), which have lower
+    linear block indices and were dispatched before it (the hardware dispatches CTAs in that order; FlashAttention-3's
+    deterministic backward relies on the same), and those never wait on it. The order also suits causal masks: key
+    block nb + 1 reaches a shared query block two tiles before nb does, so the diagonal CTAs rarely wait at all.
+    tests/compile/test_flash_bwd_ordered.py checks the turn rule and deadlock freedom on a model of the schedule
+    (one resident CTA at a time included).
+  Status (2026-12-05): compiled for sm_90a on the CPU only (all 12 variants; no wgmma serialization; ptxas spills
+  152-172 B at D = 128 against mode 2's 116, 44-80 B at D = 96 against 12, none at D = 64); not yet run on a GPU.
 
 Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
 launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted
@@ -48,6 +70,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Maj
 from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
+from ..common import tile_order
 from ..common.softmax import acc_mn_view
 from .backward_sm90 import FlashBwdSm90, LOG2E, _atom_d, _sdhb, _tma_part, _transpose
 
@@ -63,10 +86,12 @@ def _t3(t):
 
 
 class FlashBwdSm90Fast(FlashBwdSm90):
-    """Pipelined backward (non-deterministic only) for one static configuration (dtype, head_dim, varlen)."""
+    """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
 
-    def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False):
-        super().__init__(dtype, head_dim, varlen, False)
+    def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
+        super().__init__(dtype, head_dim, varlen, bool(ordered))
+        # ordered: the deterministic form (dQ tiles reduced in a fixed order of the key blocks, see the docstring)
+        self.ordered = bool(ordered)
         # dq_cols (D = 128 only): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
         # over all 128 keys and bulk-reduces its column half (half the reduce traffic of the per-warpgroup
         # partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
@@ -85,7 +110,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                  mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                  mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                  mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
-                 mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                 mCuQ: cute.Tensor, mCuK: cute.Tensor, mSem: cute.Tensor,
                  scale: Float32, has_dlse: Int32, win_left: Int32, win_right: Int32,
                  nbatch: Int32, grid_m: Int32, grid_n: Int32, stream):
         dt = self.dtype
@@ -137,15 +162,29 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         nrow_blk_q = (Sq4 + 127) // 128
         self._preprocess(o4, do4, lse3, dlse3, lse23, delta3, dqacc4, has_dlse).launch(
             grid=(nrow_blk_q, H, B4), block=(128, 1, 1), stream=stream)
+        sem2 = None
+        if cutlass.const_expr(self.ordered):
+            # the flat counter buffer as [query head, slot] (slots: _turn_slot0)
+            n_slots = mSem.shape[0] // H
+            sem2 = cute.make_tensor(mSem.iterator, cute.make_layout((H, n_slots), stride=(n_slots, 1)))
+            self._zero_turns(sem2).launch(grid=(H, 1, 1), block=(256, 1, 1), stream=stream)
 
         self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
-                        mCuQ, mCuK, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
+                        mCuQ, mCuK, sem2, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
                         mma_sdp, mma_dkv, mma_dq, mma_sdp_z, mma_dq_z, l_q, l_k, l_p, l_dq).launch(
             grid=(grid_n, Hkv, nbatch), block=(NTHREADS_FAST, 1, 1), stream=stream, min_blocks_per_mp=1)
 
         self._launch_tail(dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv, stream)
 
     # ------------------------------------------------------------ helpers
+    @cute.kernel
+    def _zero_turns(self, mSem: cute.Tensor):
+        """Ordered mode: the turn counters [query head, slot] = 0 (a CTA per head)."""
+        tid, _, _ = cute.arch.thread_idx()
+        h, _, _ = cute.arch.block_idx()
+        for i in cutlass.range(tid, mSem.shape[1], 256, unroll=1):
+            mSem[h, i] = Int32(0)
+
     @cute.jit
     def _wg_sync(self, cwg: Int32):
         """Named barrier of one consumer warpgroup (ids 1, 2; id 0 is __syncthreads)."""
@@ -153,6 +192,40 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.arch.barrier(barrier_id=1, number_of_threads=128)
         else:
             cute.arch.barrier(barrier_id=2, number_of_threads=128)
+
+    @cute.jit
+    def _turns(self, nb, off, slen_q, slen_k, win_right):
+        """Ordered mode, once per CTA: (a, c) such that the turn of this CTA's warpgroup on dQ tile (hq, m) is
+        2 min(a, (m bm + c) // bn) (+ cwg, see _main_fast).
+        Why: the writers of dQ tile m are the key blocks nb_last(m), nb_last(m) - 1, ... that see query block m (a
+        contiguous range, since both ends of a key block's query-block range grow with it), two per key block (the
+        warpgroups). nb_last(m) = the largest nb with nb bn < slen_k whose first query block
+        max(nb bn - off - right, 0) // bm is <= m, i.e. min((slen_k - 1) // bn, ((m + 1) bm + off + right - 1) // bn);
+        this CTA's turn counts the writers before it: 2 (nb_last(m) - nb). So a = (slen_k - 1) // bn - nb and
+        c = bm + off + right - 1 - nb bn (m bm + c >= 0 on every tile this CTA writes). ``right`` is capped at
+        slen_q + slen_k: that changes no nb_last and keeps the sums in int32."""
+        bm, bn = self.bm, self.bn
+        right = cutlass.min(win_right, slen_q + slen_k)
+        a = (slen_k - 1) // bn - nb
+        c = bm + off + right - 1 - nb * bn
+        return a, c
+
+    @cute.jit
+    def _turn_slot0(self, b, off_q, Sq):
+        """Ordered mode: the counter slot of query block 0 of segment / batch b; block m's is slot0 + m. Slots are
+        b + (first row of the block) // 64 with rows counted over all segments end to end (varlen: off_q; dense:
+        b Sq): strictly increasing in (b, m), since a segment's first block starts at or after the previous
+        segment's last one, so every dQ tile has its own counter, and the buffer needs batch + ceil(rows / 64)
+        slots a head whatever max_seqlen_q says (bwd.py allocates it)."""
+        row0 = off_q
+        if cutlass.const_expr(not self.varlen):
+            row0 = b * Sq
+        return b + row0 // self.bm
+
+    @cute.jit
+    def _turn_ptr(self, mSem: cute.Tensor, hq, slot):
+        """Ordered mode: the counter of query head hq, slot slot."""
+        return mSem.iterator + cute.crd2idx((hq, slot), mSem.layout)
 
     def _pair_sync(self):
         """Named barrier of both consumer warpgroups (256 threads, id 3)."""
@@ -195,7 +268,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                    tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
                    tma_dq: cute.CopyAtom, gdq: cute.Tensor,
                    mLSE2: cute.Tensor, mDelta: cute.Tensor,
-                   mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                   mdK: cute.Tensor, mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSem: cute.Tensor,
                    Sq, Sk, qhead_per_kv, scale: Float32, scale_log2: Float32,
                    win_left: Int32, win_right: Int32,
                    mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
@@ -209,6 +282,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         stages = self.stages
         tid, _, _ = cute.arch.thread_idx()
         nb, hkv, b = cute.arch.block_idx()
+        if cutlass.const_expr(self.ordered):
+            # the highest key block first: a CTA only waits for CTAs of higher key blocks, dispatched before it
+            grid_n, _, _ = cute.arch.grid_dim()
+            nb = grid_n - 1 - nb
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wgi = warp // 4
 
@@ -340,6 +417,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 mma_sdp_z.set(wg.Field.ACCUMULATE, False)
                 mma_dq_z.set(wg.Field.ACCUMULATE, False)
 
+                if cutlass.const_expr(self.ordered):
+                    turn_a, turn_c = self._turns(nb, off, slen_q, slen_k, win_right)
+                    slot0 = self._turn_slot0(b, off_q, Sq)
                 cute.arch.mbarrier_wait(bar_kv, 0)
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
                 for it in cutlass.range(n_iter, unroll=1):
@@ -417,11 +497,26 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                             gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]),
                                                     (bm, D), (m, 0))
                         tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
+                        if cutlass.const_expr(self.ordered):
+                            if it > 0:
+                                # the previous tile's reduce has fully completed (not only read its source): its
+                                # turn passes to the next writer of that dQ tile
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
+                                                                    slot0 + m_min + (it - 1) % nm))
+                            turn = 2 * cutlass.min(turn_a, (m * bm + turn_c) // bn)
+                            if cutlass.const_expr(not self.dq_cols):
+                                turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first
+                            tile_order.wait_turn(self._turn_ptr(mSem, hq, slot0 + m), turn)
                         cute.copy(tma_dq, tsdQ, tgdQ)
                         cute.arch.cp_async_bulk_commit_group()
 
                 if wwarp == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    if cutlass.const_expr(self.ordered):
+                        if n_iter > 0:
+                            tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (n_iter - 1) // nm,
+                                                                slot0 + m_min + (n_iter - 1) % nm))
 
                 # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
                 self._store_dkv(acc_dK, acc_dV, tKVc, jw0, slen_k, mdK, mdV, bb, off_k, hkv, scale)

@@ -130,7 +130,7 @@ class FlashBwdSm90:
                  mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                  mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                  mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor,
-                 mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                 mCuQ: cute.Tensor, mCuK: cute.Tensor, mSem: cute.Tensor,
                  scale: Float32, has_dlse: Int32, win_left: Int32, win_right: Int32,
                  nbatch: Int32, grid_m: Int32, grid_n: Int32, stream):
         dt = self.dtype

@@ -3,7 +3,8 @@
 Inputs reach here as DLPack objects (torch tensors in the GPU tests, a Paddle export from paddle_dsa), wrapped
 once as tvm_ffi tensors (ops.common.tensors) that both the checks and the compiled TVM-FFI entry use; dq/dk/dv are
 preallocated by the caller with the shapes/dtypes of q/k/v and are fully written. Workspaces (fp32 log2-LSE,
-Delta and the dQ accumulator, all initialised by the kernels) come from the caller's ``alloc``.
+Delta and the dQ accumulator, and in the ordered deterministic mode one int32 turn counter per dQ tile; all
+initialised by the kernels) come from the caller's ``alloc``.
 No host synchronisation, no device reads on the host: graph-capturable.
 """
 import os
@@ -40,6 +41,26 @@ def _fast_mode(v):
 
 FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 
+# PADDLE_DSA_BWD_DET selects the kernel of the deterministic path (D = 64, 96, 128; the wide pairs have their own
+# split form); read once at import:
+#   "recompute" (default): the simple kernels, dQ recomputed by a second kernel in a fixed order (_dq of
+#      backward_sm90.py; verified on the H200, about half the default path's speed)
+#   "ordered": the pipelined kernel (mode 2 for D = 128, mode 1 otherwise) with each dQ tile's bulk reduces taken
+#      in a fixed order of the key blocks (ops/common/tile_order.py); written 2026-12-05, compiled for sm_90a on the
+#      CPU, not yet run on a GPU: the default stays "recompute" until the H200 suite has passed it.
+# Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
+DET_KERNELS = ("recompute", "ordered")
+
+
+def _det_kernel(v):
+    v = "recompute" if v in (None, "") else str(v)
+    if v not in DET_KERNELS:
+        raise ValueError(f"PADDLE_DSA_BWD_DET / det must be one of {DET_KERNELS}, got {v!r}")
+    return v
+
+
+DET = _det_kernel(os.environ.get("PADDLE_DSA_BWD_DET", "").strip())
+
 
 def _fake(dtype, rank, align=16):
     """Stand-in tensor: dynamic shape and strides, innermost stride 1, base ``align``-byte aligned (the seam
@@ -49,19 +70,25 @@ def _fake(dtype, rank, align=16):
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
 
-def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0, v_head_dim=None):
+def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0, v_head_dim=None,
+                    ordered=False):
     """Compile (once, cached) the whole backward for one static configuration; works without a GPU.
 
     fast: 0/False simple kernels, 1/True pipelined kernel, 2 pipelined with column-split dQ (D = 128; same as 1
-    otherwise). Deterministic always uses the simple kernels, and so do the wide pairs (supported.BWD_WIDE_HEAD_DIMS:
-    the simple kernels in their split form, deterministic by construction)."""
+    otherwise). Deterministic uses the simple kernels (dQ recomputed), or with ordered=True the pipelined kernel
+    with ordered dQ reduces (mode 2 for D = 128, mode 1 otherwise); the wide pairs (supported.BWD_WIDE_HEAD_DIMS)
+    always run the simple kernels in their split form, deterministic by construction."""
     v_head_dim = head_dim if v_head_dim is None else int(v_head_dim)
     wide = (head_dim, v_head_dim) in supported.BWD_WIDE_HEAD_DIMS
     deterministic = bool(deterministic) or wide
-    fast = 0 if deterministic else _fast_mode(int(fast))
+    ordered = bool(ordered) and deterministic and not wide
+    if ordered:
+        fast = 2
+    fast = 0 if deterministic and not ordered else _fast_mode(int(fast))
     if fast == 2 and head_dim != 128:
         fast = 1
-    key = (dtype_name, head_dim, varlen, deterministic, fast) + ((v_head_dim,) if v_head_dim != head_dim else ())
+    key = (dtype_name, head_dim, varlen, deterministic, fast, ordered) + \
+        ((v_head_dim,) if v_head_dim != head_dim else ())
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
@@ -71,8 +98,9 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     F32 = cutlass.Float32
     cu = _fake(cutlass.Int32, 1, 4) if varlen else None
     cu2 = _fake(cutlass.Int32, 1, 4) if varlen else None
+    sem = _fake(cutlass.Int32, 1, 4) if ordered else None
     if fast:
-        launcher = FlashBwdSm90Fast(dt, head_dim, varlen, dq_cols=(fast == 2))
+        launcher = FlashBwdSm90Fast(dt, head_dim, varlen, dq_cols=(fast == 2), ordered=ordered)
     else:
         launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic, v_head_dim=v_head_dim)
     fn = cute.compile(
@@ -81,7 +109,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
         _fake(F32, rl, 4), _fake(F32, rl, 4),  # lse dlse
         _fake(dt, r), _fake(dt, r), _fake(dt, r),  # dq dk dv
         _fake(F32, rl, 4), _fake(F32, rl, 4), _fake(F32, r, 16),  # lse2 delta dqacc
-        cu, cu2,
+        cu, cu2, sem,
         cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
         cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(), options=COMPILE_OPTIONS)
     _CACHE[key] = fn
@@ -90,8 +118,10 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
 
 def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_scale, causal, window,
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                   deterministic=False, alloc, stream=0, fast=None):
-    """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST: 0, 1, 2; default 2); ignored when deterministic."""
+                   deterministic=False, alloc, stream=0, fast=None, det=None):
+    """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST: 0, 1, 2; default 2); ignored when deterministic.
+    det: None -> module default ``DET`` (env PADDLE_DSA_BWD_DET: "recompute" or "ordered"); used when deterministic."""
+    ordered = bool(deterministic) and _det_kernel(DET if det is None else det) == "ordered"
     fast = 0 if deterministic else _fast_mode(FAST if fast is None else int(fast))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
@@ -123,7 +153,9 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     if shapes["v"][:-1] != shapes["k"][:-1]:
         raise ValueError(f"v: shape {shapes['v']} must equal k's {shapes['k']} but for the head_dim")
     if (D, Dv) in supported.BWD_WIDE_HEAD_DIMS:
-        deterministic, fast = True, 0   # the split simple kernels: no pipelined form, no atomics
+        deterministic, fast, ordered = True, 0, False   # the split simple kernels: no pipelined form, no atomics
+    if ordered:
+        fast = 2 if D == 128 else 1
     H, Hkv = shapes["q"][-2], shapes["k"][-2]
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")
@@ -170,10 +202,15 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     lse2 = arg_tensor(alloc(lse_shape, "float32"), "lse2 workspace").require_inner_contiguous(4)
     delta = arg_tensor(alloc(lse_shape, "float32"), "delta workspace").require_inner_contiguous(4)
     dqacc = arg_tensor(alloc(shapes["q"], "float32"), "dq_accum workspace").require_tma()
+    # ordered mode: one turn counter per dQ tile, [query head, segment + first row of the 64-row block // 64] over
+    # all rows end to end (backward_fast_sm90._turn_slot0; not sized by max_seqlen_q), zeroed by the kernel
+    rows = Sq if varlen else nbatch * Sq
+    sem = arg_tensor(alloc((H * (nbatch + (rows + BLOCK_M - 1) // BLOCK_M),), "int32"), "turn workspace") \
+        if ordered else None
 
-    fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast, v_head_dim=Dv)
+    fn = compile_variant(dt_name, D, varlen, bool(deterministic), fast, v_head_dim=Dv, ordered=ordered)
     fn(*(at[n].ffi for n in ("q", "k", "v", "out", "dout")), lse_t.ffi, dlse_t.ffi,
        *(at[n].ffi for n in ("dq", "dk", "dv")), lse2.ffi, delta.ffi, dqacc.ffi,
-       cu_q.ffi if varlen else None, cu_k.ffi if varlen else None,
+       cu_q.ffi if varlen else None, cu_k.ffi if varlen else None, sem.ffi if ordered else None,
        float(softmax_scale), 1 if dlse is not None else 0, int(left), int(right), int(nbatch), int(grid_m),
        int(grid_n), stream_handle(stream))

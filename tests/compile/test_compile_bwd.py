@@ -1,7 +1,8 @@
 """CPU CI: compile every backward variant the seam (ops/flash_attention/bwd.py) can choose, for sm_90a.
 
 Static configurations: dtype x head_dim x varlen x deterministic (masks, GQA ratio, dlse and scale are runtime
-values), plus the pipelined non-deterministic kernels (PADDLE_DSA_BWD_FAST=1 and 2, backward_fast_sm90.py).
+values), plus the pipelined non-deterministic kernels (PADDLE_DSA_BWD_FAST=1 and 2, backward_fast_sm90.py) and the
+pipelined kernel's ordered deterministic form (PADDLE_DSA_BWD_DET=ordered).
 Uses fake tensors (no GPU needed)."""
 import os
 import sys
@@ -44,6 +45,16 @@ def test_compile_bwd_fast2(dtype, varlen):
         pytest.skip("D = 128 not supported")
     fn = bwd.compile_variant(dtype, 128, varlen, False, fast=2)
     assert fn is not None
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("head_dim", NARROW)
+@pytest.mark.parametrize("dtype", list(supported.DTYPES))
+def test_compile_bwd_ordered(dtype, head_dim, varlen):
+    """The deterministic mode's ordered kernel: mode 2 at D = 128, mode 1 otherwise, dQ reduces in turn."""
+    fn = bwd.compile_variant(dtype, head_dim, varlen, True, ordered=True)
+    assert fn is not None
+    assert (dtype, head_dim, varlen, True, 2 if head_dim == 128 else 1, True) in bwd._CACHE
 
 
 @pytest.mark.parametrize("varlen", [False, True])

@@ -3,7 +3,8 @@
 No GPU here, so "CUDA" tensors are host numpy arrays whose DLPack capsule is relabelled as CUDA memory
 (``CudaLabelled``): the seams read shape/stride/dtype/pointer metadata from them exactly as from real device
 tensors. Only invalid calls are made, so every test must end in the seam's ValueError before any compile or
-launch (a valid call would try to launch and fail differently).
+launch (a valid call would try to launch and fail differently), except test_bwd_det_kernel_choice, which replaces
+compile_variant with a recorder.
 """
 import os
 import sys
@@ -228,3 +229,49 @@ def test_bwd_rejects_zero_query_heads():
     with pytest.raises(ValueError, match="zero query heads"):
         bwd.flash_attn_bwd(q, k, k, q, q, cuda(f32(2, 0, 64)), q, k, k, softmax_scale=0.1, causal=False,
                            window=(-1, -1), alloc=None)
+
+
+def test_bwd_det_kernel_choice(monkeypatch):
+    """deterministic=True routes by det / PADDLE_DSA_BWD_DET: "recompute" the simple kernels, "ordered" the pipelined
+    kernel (mode 2 at D = 128, mode 1 otherwise) with an int32 turn workspace of one counter per dQ tile (segment,
+    query head, query block of 64); a bad value is a ValueError before anything is allocated. Compile and launch
+    are recorded, not run."""
+    seen = []
+
+    def fake_compile(dtype, D, varlen, deterministic, fast, v_head_dim=None, ordered=False):
+        def launch(*args):
+            seen.append(dict(D=D, deterministic=deterministic, fast=fast, ordered=ordered, sem=args[15]))
+        return launch
+
+    monkeypatch.setattr(bwd, "compile_variant", fake_compile)
+    allocs = []
+
+    def alloc(shape, dtype):
+        allocs.append((tuple(shape), dtype))
+        return cuda(np.zeros(shape, dtype={"float32": np.float32, "int32": np.int32}[dtype]))
+
+    def run(D, S=200, H=4, Hkv=2, B=2, **kw):
+        q, k = cuda(h16(B, S, H, D)), cuda(h16(B, S, Hkv, D))
+        bwd.flash_attn_bwd(q, k, cuda(h16(B, S, Hkv, D)), cuda(h16(B, S, H, D)), cuda(h16(B, S, H, D)),
+                           cuda(f32(B, H, S)), cuda(h16(B, S, H, D)), cuda(h16(B, S, Hkv, D)),
+                           cuda(h16(B, S, Hkv, D)), softmax_scale=0.1, causal=True, window=(-1, -1), alloc=alloc, **kw)
+
+    with pytest.raises(ValueError, match="det must be one of"):
+        run(128, deterministic=True, det="fast")
+    assert not allocs and not seen
+    run(128, deterministic=True, det="ordered")
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 2 and seen[-1]["sem"] is not None
+    assert allocs[-1] == ((4 * (2 + 7),), "int32")        # 4 heads x (batch 2 + ceil(2 x 200 rows / 64))
+    run(64, deterministic=True, det="ordered")
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 1
+    run(96, deterministic=True, det="recompute")
+    assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0 and seen[-1]["sem"] is None
+    run(128, deterministic=False, det="ordered")         # det only matters in the deterministic mode
+    assert not seen[-1]["ordered"] and seen[-1]["fast"] == bwd.FAST and seen[-1]["sem"] is None
+    monkeypatch.setattr(bwd, "DET", "ordered")           # the module default (env PADDLE_DSA_BWD_DET)
+    run(128, deterministic=True)
+    assert seen[-1]["ordered"]
+    n = len(allocs)
+    run(192, deterministic=True)                         # a wide pair: its split kernels, never ordered
+    assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
+    assert all(dt == "float32" for _, dt in allocs[n:])

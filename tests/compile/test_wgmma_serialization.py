@@ -27,6 +27,8 @@ KERNELS = {
                       "fast=2)",
     "flash_bwd_deterministic": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, False, "
                                "True)",
+    "flash_bwd_ordered": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, True, True, "
+                         "ordered=True)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "

@@ -1,5 +1,5 @@
-"""Racecheck / memcheck of small backward configs (simple non-deterministic, deterministic, varlen, and the
-pipelined "fast" kernel; GQA 2:1, causal; D 64, 96, 128).
+"""Racecheck / memcheck of small backward configs (simple non-deterministic, deterministic (both kernels), varlen,
+and the pipelined "fast" kernel; GQA 2:1, causal; D 64, 96, 128).
 
 Usage (on the GPU machine, repo root):
     compute-sanitizer --tool racecheck python tests/gpu/sanitize_bwd.py
@@ -32,6 +32,14 @@ def run_once():
     check("sanitize D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True)
     check("sanitize det D96", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=96, causal=True, deterministic=True)
     check("sanitize fast D96", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=96, causal=True, fast=True)
+    # the deterministic mode's ordered kernel (turn counters, ordered bulk reduces): grids of 2-3 key blocks, so every
+    # CTA is resident at once whatever order the tools run them in (a wait can not outlive its writer's CTA)
+    check("sanitize ordered D128", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, deterministic=True,
+          det="ordered")
+    check("sanitize ordered D64 varlen", H=2, Hkv=1, D=64, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90], Tq=75,
+          Tk=96, deterministic=True, det="ordered")
+    check("sanitize ordered D96 window", B=1, Sq=200, Sk=257, H=2, Hkv=2, D=96, window=(100, 7),
+          deterministic=True, det="ordered")
     # the wide pairs' split form (dV, dK, dQ launches): dense (192, 128) and varlen (256, 256)
     check("sanitize wide 192/128", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=192, Dv=128, causal=True)
     check("sanitize wide 256 varlen", H=2, Hkv=1, D=256, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],

@@ -6,8 +6,13 @@ before the matmuls that consume them, results rounded to the dtype). Gate: relRM
 relRMS(floor-exact) + 1e-6. The forward input (out, lse) comes from the torch fp32 reference (out rounded to dtype).
 Every test runs for each kernel of the non-deterministic path: "simple" (backward_sm90.py, PADDLE_DSA_BWD_FAST=0),
 "fast" (the pipelined backward_fast_sm90.py, PADDLE_DSA_BWD_FAST=1) and "fast2" (the same with column-split dQ for
-D = 128, PADDLE_DSA_BWD_FAST=2); deterministic cases run once (the deterministic mode always uses the simple kernels).
-Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the pipelined kernels: add  -k fast)
+D = 128, PADDLE_DSA_BWD_FAST=2); deterministic cases run for each kernel of the deterministic path: under "simple"
+(PADDLE_DSA_BWD_DET=recompute: the simple kernels, dQ recomputed) and under "ordered" (PADDLE_DSA_BWD_DET=ordered: the
+pipelined kernel with the dQ tiles' reduces in a fixed order, ops/common/tile_order.py; the ``test_ordered_*`` tests
+run under "ordered" only).
+Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the pipelined kernels: add  -k fast;
+      the ordered deterministic kernel first, in a time limit (a hang cannot be caught here):
+      timeout 300 python tests/gpu/test_flash_bwd.py smoke ordered)
 Bench table (all kernels):  python tests/gpu/test_flash_bwd.py bench      (quick check: ... smoke)
 """
 import math
@@ -34,18 +39,29 @@ DEV = "cuda"
 _DET_ONLY = {"test_deterministic_numerics", "test_deterministic_bitwise_100"}
 
 
-_VARIANTS = {"simple": 0, "fast": 1, "fast2": 2}
+_VARIANTS = {"simple": 0, "fast": 1, "fast2": 2, "ordered": 3}
 
 
 @pytest.fixture(autouse=True, params=list(_VARIANTS))
 def bwd_variant(request, monkeypatch):
-    """Runs every test with the module default switched to each kernel of the non-deterministic path."""
+    """Runs every test with the module defaults switched to each kernel: simple / fast / fast2 for the
+    non-deterministic path (the deterministic cases under "simple" with DET = "recompute"), "ordered" for the
+    deterministic cases (and the test_ordered_* tests) with DET = "ordered"."""
     fast = _VARIANTS[request.param]
-    if fast:
-        params = getattr(getattr(request.node, "callspec", None), "params", {})
-        if params.get("deterministic") is True or request.node.originalname in _DET_ONLY:
-            pytest.skip("deterministic mode always uses the simple kernels")
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    name = request.node.originalname
+    det_case = params.get("deterministic") is True or name in _DET_ONLY
+    if request.param == "ordered":
+        if not (det_case or name.startswith("test_ordered_")):
+            pytest.skip("the ordered kernel serves the deterministic mode only")
+        monkeypatch.setattr(bwd_mod, "DET", "ordered")
+        return fast
+    if name.startswith("test_ordered_"):
+        pytest.skip("runs under the ordered variant only")
+    if fast and det_case:
+        pytest.skip("deterministic cases run under simple (recompute) and ordered")
     monkeypatch.setattr(bwd_mod, "FAST", fast)
+    monkeypatch.setattr(bwd_mod, "DET", "recompute")
     return fast
 
 
@@ -151,21 +167,21 @@ def make_inputs(B, Sq, Sk, H, Hkv, D, dtype, *, causal, window, scale, cu_q=None
 
 
 def run_kernel(q, k, v, out, dout, lse, dlse, *, causal, window, scale, cu_q=None, cu_k=None, mq=0, mk=0,
-               deterministic=False, fast=None):
+               deterministic=False, fast=None, det=None):
     dq = torch.full_like(q, float("nan"))
     dk = torch.full_like(k, float("nan"))
     dv = torch.full_like(v, float("nan"))
     flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse, softmax_scale=scale, causal=causal,
                    window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
                    deterministic=deterministic, alloc=alloc, stream=torch.cuda.current_stream().cuda_stream,
-                   fast=fast)
+                   fast=fast, det=det)
     torch.cuda.synchronize()
     return dq, dk, dv
 
 
 def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, causal=False, window=(-1, -1),
           scale=None, cu_q=None, cu_k=None, Tq=None, Tk=None, dout_zero=False, with_dlse=False,
-          deterministic=False, seed=0, mag=1.0, fast=None, Dv=None):
+          deterministic=False, seed=0, mag=1.0, fast=None, Dv=None, det=None, reruns=0):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if cu_q is not None:
         cu_q = torch.tensor(cu_q, dtype=torch.int32, device=DEV)
@@ -179,7 +195,7 @@ def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, 
         mq = int((cu_q[1:] - cu_q[:-1]).max())
         mk = int((cu_k[1:] - cu_k[:-1]).max())
     got = run_kernel(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q,
-                     cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic, fast=fast)
+                     cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic, fast=fast, det=det)
     ex = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k)
     fl = bwd_ref(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q, cu_k=cu_k,
                  exact=False)
@@ -191,6 +207,11 @@ def check(case, *, B=1, Sq=128, Sk=128, H=2, Hkv=2, D=64, dtype=torch.bfloat16, 
         msgs.append(f"{name} k={ek:.3e} f={ef:.3e} r={ek / max(ef, 1e-30):.2f}")
         assert ok, f"{case}: {name} relRMS {ek:.3e} > 2 x floor {ef:.3e}; " + "; ".join(msgs)
     print(f"[bwd] {case}: " + "; ".join(msgs))
+    for _ in range(reruns):   # deterministic mode: every rerun bitwise the first (fresh NaN-poisoned outputs)
+        again = run_kernel(q, k, v, out, dout, lse, dlse, causal=causal, window=window, scale=scale, cu_q=cu_q,
+                           cu_k=cu_k, mq=mq, mk=mk, deterministic=deterministic, fast=fast, det=det)
+        for name, a, b in zip(("dq", "dk", "dv"), got, again):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: {name} differs on a rerun"
     return got, (q, k, v, out, dout, lse, dlse)
 
 
@@ -346,6 +367,63 @@ def test_deterministic_bitwise_100():
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), "deterministic rerun differs"
 
 
+# The ordered deterministic kernel (PADDLE_DSA_BWD_DET=ordered, written 2026-12-05): the pipelined kernel whose dQ
+# tiles take their bulk reduces in a fixed order of the key blocks (the highest first). Each case: the floor gate and
+# three reruns bitwise equal to the first. The cases cover every shape of the turn formula (nb_last of a query block):
+# causal and not, windows bounded on either side or both, Sq != Sk both ways, varlen with empty segments, GQA.
+ORDERED_CASES = {
+    "D128 causal multi-block": dict(B=2, Sq=1000, Sk=1000, H=4, Hkv=2, D=128, causal=True),
+    "D128 Sq<Sk": dict(B=1, Sq=700, Sk=1100, H=2, Hkv=2, D=128),
+    "D64 causal Sq>Sk GQA 4:1": dict(B=2, Sq=300, Sk=190, H=4, Hkv=1, D=64, causal=True),
+    "D96 causal Sq<Sk": dict(B=1, Sq=113, Sk=603, H=2, Hkv=1, D=96, causal=True),
+    "D64 window (32, 16)": dict(B=1, Sq=600, Sk=557, H=2, Hkv=2, D=64, window=(32, 16)),
+    "D128 window (100, 7) causal": dict(B=1, Sq=900, Sk=900, H=2, Hkv=2, D=128, causal=True, window=(100, 7)),
+    "D128 window (-1, 0)": dict(B=1, Sq=520, Sk=700, H=2, Hkv=2, D=128, window=(-1, 0)),
+    "D96 window (0, 300)": dict(B=1, Sq=640, Sk=640, H=2, Hkv=2, D=96, window=(0, 300)),
+    "D128 window (64, -1)": dict(B=1, Sq=777, Sk=500, H=2, Hkv=2, D=128, window=(64, -1)),
+    "D128 S 1": dict(B=1, Sq=1, Sk=1, H=2, Hkv=2, D=128),
+    "D64 Sq 1 Sk 257 causal": dict(B=1, Sq=1, Sk=257, H=2, Hkv=1, D=64, causal=True),
+    "D128 Sq 255 Sk 17 causal": dict(B=2, Sq=255, Sk=17, H=2, Hkv=1, D=128, causal=True),
+    "varlen D128 causal": dict(H=4, Hkv=2, D=128, causal=True, cu_q=[0, 0, 1, 18, 300, 301, 301],
+                               cu_k=[0, 5, 5, 40, 200, 201, 330], Tq=320, Tk=345),
+    "varlen D64 window": dict(H=2, Hkv=1, D=64, window=(200, 50), cu_q=[0, 700, 700, 1500],
+                              cu_k=[0, 600, 900, 1800], Tq=1500, Tk=1800),
+    "D96 dlse": dict(B=1, Sq=200, Sk=300, H=2, Hkv=1, D=96, causal=True, with_dlse=True),
+    "D128 fp16 causal": dict(B=1, Sq=600, Sk=600, H=2, Hkv=2, D=128, dtype=torch.float16, causal=True),
+    "D128 GQA 8:1 causal": dict(B=1, Sq=1000, Sk=1000, H=8, Hkv=1, D=128, causal=True),
+    "D64 K x 30": dict(B=1, Sq=400, Sk=400, H=2, Hkv=2, D=64, causal=True, mag=30.0),
+}
+
+
+@pytest.mark.parametrize("case", list(ORDERED_CASES))
+def test_ordered_cases(case):
+    check(f"ordered {case}", deterministic=True, reruns=3, **ORDERED_CASES[case])
+
+
+@pytest.mark.parametrize("D,causal,window,Hkv", [(128, False, (-1, -1), 16), (128, True, (-1, -1), 16),
+                                                 (64, False, (256, 64), 4)])
+def test_ordered_many_waves(D, causal, window, Hkv):
+    """B2 H16 S4096: 1024 CTAs (about 8 waves), so the CTAs that wait run beside CTAs dispatched later. Five reruns
+    bitwise equal; dK and dV bitwise the non-deterministic pipelined kernel's (same kernel code for them: mode 2 for
+    D = 128, mode 1 otherwise); dQ within bf16 rounding of it (the same fp32 partials summed in another order)."""
+    B, S, H = 2, 4096, 16
+    scale = 1.0 / math.sqrt(D)
+    inp = make_inputs(B, S, S, H, Hkv, D, torch.bfloat16, causal=causal, window=window, scale=scale, seed=11)
+    ref = run_kernel(*inp, causal=causal, window=window, scale=scale, deterministic=True)
+    for g_ in ref:
+        assert torch.isfinite(g_).all()
+    for _ in range(5):
+        got = run_kernel(*inp, causal=causal, window=window, scale=scale, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), ref, got):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"ordered rerun: {name} differs"
+    fast = run_kernel(*inp, causal=causal, window=window, scale=scale, fast=2)
+    assert torch.equal(ref[1].view(torch.int16), fast[1].view(torch.int16)), "dk differs from the pipelined kernel"
+    assert torch.equal(ref[2].view(torch.int16), fast[2].view(torch.int16)), "dv differs from the pipelined kernel"
+    r = rel_rms(ref[0], fast[0])
+    print(f"[bwd] ordered many waves D{D} causal={causal} window={window}: dq relRMS vs pipelined {r:.2e}")
+    assert r <= 2e-3, f"dq relRMS {r:.2e} against the pipelined kernel"
+
+
 def test_seed000_dv_finite():
     """flash-dmattn #121 (seed 000): B1 H1 S256 D64 causal bf16, loss = out.sum(): dV finite and within tolerance."""
     scale = 1.0 / 8.0
@@ -443,7 +521,10 @@ def smoke(modes=(0, 1, 2)):
     for fast in modes:
         for name, kw in cases:
             try:
-                check(f"smoke mode={fast} {name}", fast=fast, **kw)
+                if fast == "ordered":   # the deterministic mode's ordered kernel, bitwise reruns
+                    check(f"smoke ordered {name}", deterministic=True, det="ordered", reruns=2, **kw)
+                else:
+                    check(f"smoke mode={fast} {name}", fast=fast, **kw)
                 print(f"PASS mode={fast} {name}", flush=True)
             except Exception as e:  # noqa: BLE001
                 bad += 1
@@ -455,6 +536,6 @@ def smoke(modes=(0, 1, 2)):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "smoke":
-        smoke(tuple(int(a) for a in sys.argv[2:]) or (0, 1, 2))
+        smoke(tuple(a if a == "ordered" else int(a) for a in sys.argv[2:]) or (0, 1, 2))
     if len(sys.argv) > 1 and sys.argv[1] == "bench":
         bench(("fast", "fast2") if "--fast" in sys.argv else ("simple", "fast", "fast2"))
