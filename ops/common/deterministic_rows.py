@@ -1,5 +1,5 @@
 """The deterministic form of the sparse backwards' scatter-add (dkv of the sparse attention backward, d_index_k of
-the indexer backwards), host side: query rows in chunks, each chunk staged, sorted by key and summed in a fixed order.
+the indexer backwards; the dense indexer backward has a second, staging-free form: ops/common/tile_order.py), host side: query rows in chunks, each chunk staged, sorted by key and summed in a fixed order.
 
 For each chunk of query rows [row0, row0 + R) (R rows of every batch):
   1. `launch(stage, keys, row0)`: the backward kernel's deterministic variant writes entry e's `groups` gradient rows
@@ -15,7 +15,8 @@ DLPack export (writable, never a copy), .sort_keys(keys, n_out) -> (sorted_keys,
 framework: the keys in non-decreasing order (an entry whose key is outside [0, n_out), i.e. -1, may sort anywhere
 the order stays non-decreasing: it is never summed), order[i] the entry at position i, equal keys in increasing
 entry order; every op on the caller's stream. Memory a chunk: the staging buffer (<= workspace_bytes, at least one
-row's worth) and three int32 [E].
+row's worth), the keys int32 [E], the sort's results (two int32 [E]) and its temporaries (the framework's: e.g.
+int64 [E] values and the sort's scratch for paddle_dsa's DeterministicWorkspace).
 """
 
 

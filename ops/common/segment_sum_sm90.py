@@ -2,8 +2,9 @@
 scatter-add (ops/common/deterministic_rows.py: dkv of the sparse attention backward, d_index_k of the indexer
 backwards).
 
-    out[k, :] = ((out[k, :] + R(order[lo]) ) + R(order[lo + 1])) + ... + R(order[hi - 1])      for k < n_out
-    R(e)      = (stage[e G, :] + stage[e G + 1, :]) + ... + stage[e G + G - 1, :]   (summed into out in that order)
+    out[k, :] = (((out[k, :] + S(order[lo], 0)) + S(order[lo], 1)) + ... + S(order[lo], G - 1)) + S(order[lo + 1], 0)
+                + ... + S(order[hi - 1], G - 1)      for k < n_out,   S(e, g) = stage[e G + g, :]
+    (one fp32 add a staged row, in that order: entries in sort order, each entry's G rows in group order)
 
 sorted_keys int32 [E] non-decreasing, order int32 [E] (an entry id a position: the entries sorted by key, ties by
 entry id: the caller's sort, e.g. of key * E + id), [lo, hi) the positions whose key is k (two binary searches),
@@ -19,7 +20,7 @@ Status: CPU only (compiled for sm_90a, 2026-12-04); not yet run on a GPU.
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 
 WARPS = 4
 VEC = 4                      # fp32 columns a lane a line
@@ -54,15 +55,18 @@ class SegmentSumSm90:
             hi = lower_bound(mKeys, n_e, key + 1)
             if lo < hi:
                 acc = cute.make_rmem_tensor((self.n_lines, VEC), Float32)
-                self.load_row(out, key, lane, acc, False)
+                # out's row offset in 64 bits: n_out x D may pass 2^31 (3.7 M kv rows at D = 576); the staging
+                # rows' offsets fit 32 bits (deterministic_rows.check_row bounds them)
+                row = Int64(key)
+                self.load_row(out, row, lane, acc, False)
                 for i in cutlass.range(lo, hi, unroll=2):
                     e = mOrder[i]
                     for g in cutlass.range_constexpr(self.G):
                         self.load_row(stage, e * self.G + g, lane, acc, True)
-                self.store_row(out, key, lane, acc)
+                self.store_row(out, row, lane, acc)
 
     @cute.jit
-    def load_row(self, t: cute.Tensor, r: Int32, lane: Int32, acc: cute.Tensor, add: cutlass.Constexpr):
+    def load_row(self, t: cute.Tensor, r, lane: Int32, acc: cute.Tensor, add: cutlass.Constexpr):
         """acc (+)= this lane's columns of row r of t (16-byte loads)."""
         v = cute.make_rmem_tensor((VEC,), Float32)
         for ln in cutlass.range_constexpr(self.n_lines):
@@ -76,7 +80,7 @@ class SegmentSumSm90:
                         acc[ln, j] = v[j]
 
     @cute.jit
-    def store_row(self, t: cute.Tensor, r: Int32, lane: Int32, acc: cute.Tensor):
+    def store_row(self, t: cute.Tensor, r, lane: Int32, acc: cute.Tensor):
         v = cute.make_rmem_tensor((VEC,), Float32)
         for ln in cutlass.range_constexpr(self.n_lines):
             c = ln * 32 + lane

@@ -39,13 +39,17 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     columns), both together in mode 2 (disjoint column halves). A writer's turn is the number of writers before it
     (``_turns``: 2 (nb_last(m) - nb) + cwg in mode 1), counted on an int32 counter per dQ tile (the ``turn
     workspace`` [query head, slot], slot = segment + the block's first row // 64 counting rows over all segments
-    (``_turn_slot0``: injective, and in bounds whatever max_seqlen_q says), zeroed by ``_zero_turns`` on the stream
-    before the main kernel);
+    (``_turn_slot0``: injective, and in bounds whatever max_seqlen_q says), zeroed by tile_order.clear_counters on
+    the stream before the main kernel);
   - protocol (ops/common/tile_order.py): warp 0 of the warpgroup waits (lane 0 spins with ld.acquire.gpu, then
     syncwarp and fence.proxy.async.global) until the counter reaches its turn, then issues the reduce; at its next
     tile's reduce (or after its last tile) it waits for the full completion of that bulk group (wait_group 0, not
-    .read), fences the async proxy and adds 1 with red.release.gpu. So a turn passes one tile late, which costs a
-    waiting CTA about one tile at the start of a chain of key blocks, not one tile per tile;
+    .read), fences the async proxy and adds 1 with red.release.gpu. So a turn passes one tile late: in a chain of
+    key blocks that all start at query block 0 (no causal mask) at the same time, key block nb starts about
+    (grid_n - 1 - nb) tiles late (twice that in mode 1, where warpgroup 1 trails warpgroup 0), once; CTAs of later
+    waves start staggered anyway. Varlen caveat: the rows a segment's last dQ tile covers past its end get exact
+    zeros added out of turn; x + 0 = x, but if the bulk add flushes a negative subnormal sum to -0 (as atom.add.f32
+    does) such an add can turn it into +0: reruns could differ in the sign of a zero, never in a value;
   - deadlock freedom: a CTA waits only for CTAs of higher key blocks of its (kv head, segment), which have lower
     linear block indices and were dispatched before it (the hardware dispatches CTAs in that order; FlashAttention-3's
     deterministic backward relies on the same), and those never wait on it. The order also suits causal masks: key
@@ -53,7 +57,7 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     tests/compile/test_flash_bwd_ordered.py checks the turn rule and deadlock freedom on a model of the schedule
     (one resident CTA at a time included).
   Status (2026-12-05): compiled for sm_90a on the CPU only (all 12 variants; no wgmma serialization; ptxas spills
-  152-172 B at D = 128 against mode 2's 116, 44-80 B at D = 96 against 12, none at D = 64); not yet run on a GPU.
+  148-172 B at D = 128 against mode 2's 116, 44-80 B at D = 96 against 12, none at D = 64); not yet run on a GPU.
 
 Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
 launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted
@@ -167,7 +171,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             # the flat counter buffer as [query head, slot] (slots: _turn_slot0)
             n_slots = mSem.shape[0] // H
             sem2 = cute.make_tensor(mSem.iterator, cute.make_layout((H, n_slots), stride=(n_slots, 1)))
-            self._zero_turns(sem2).launch(grid=(H, 1, 1), block=(256, 1, 1), stream=stream)
+            tile_order.clear_counters(mSem, mSem.shape[0], stream)
 
         self._main_fast(tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_dq, gdq, lse23, delta3, dk4, dv4,
                         mCuQ, mCuK, sem2, Sq4, Sk4, qhead_per_kv, scale, scale_log2, win_left, win_right,
@@ -177,14 +181,6 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self._launch_tail(dqacc4, dq4, dk4, dv4, mCuK, scale, (nrow_blk_q, H, B4), Sk4, Hkv, stream)
 
     # ------------------------------------------------------------ helpers
-    @cute.kernel
-    def _zero_turns(self, mSem: cute.Tensor):
-        """Ordered mode: the turn counters [query head, slot] = 0 (a CTA per head)."""
-        tid, _, _ = cute.arch.thread_idx()
-        h, _, _ = cute.arch.block_idx()
-        for i in cutlass.range(tid, mSem.shape[1], 256, unroll=1):
-            mSem[h, i] = Int32(0)
-
     @cute.jit
     def _wg_sync(self, cwg: Int32):
         """Named barrier of one consumer warpgroup (ids 1, 2; id 0 is __syncthreads)."""
@@ -203,10 +199,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         max(nb bn - off - right, 0) // bm is <= m, i.e. min((slen_k - 1) // bn, ((m + 1) bm + off + right - 1) // bn);
         this CTA's turn counts the writers before it: 2 (nb_last(m) - nb). So a = (slen_k - 1) // bn - nb and
         c = bm + off + right - 1 - nb bn (m bm + c >= 0 on every tile this CTA writes). ``right`` is capped at
-        slen_q + slen_k: that changes no nb_last and keeps the sums in int32."""
+        slen_q + slen_k: that changes no nb_last and keeps the sums in int32. The key blocks also stop at the grid
+        (grid_n - 1): a max_seqlen_k below a segment's keys then gives wrong gradients as in the other modes (the
+        caller's contract), never a wait for a CTA that was not launched."""
         bm, bn = self.bm, self.bn
+        grid_n, _, _ = cute.arch.grid_dim()
         right = cutlass.min(win_right, slen_q + slen_k)
-        a = (slen_k - 1) // bn - nb
+        a = cutlass.min((slen_k - 1) // bn, grid_n - 1) - nb
         c = bm + off + right - 1 - nb * bn
         return a, c
 
@@ -216,7 +215,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         b + (first row of the block) // 64 with rows counted over all segments end to end (varlen: off_q; dense:
         b Sq): strictly increasing in (b, m), since a segment's first block starts at or after the previous
         segment's last one, so every dQ tile has its own counter, and the buffer needs batch + ceil(rows / 64)
-        slots a head whatever max_seqlen_q says (bwd.py allocates it)."""
+        slots a head whatever max_seqlen_q says (bwd.py allocates it). A slot past the buffer (only if cu_seqlens_q
+        runs past the query rows, a broken input) is never touched: its tile's writers skip their turns."""
         row0 = off_q
         if cutlass.const_expr(not self.varlen):
             row0 = b * Sq
@@ -502,12 +502,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                 # the previous tile's reduce has fully completed (not only read its source): its
                                 # turn passes to the next writer of that dQ tile
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
-                                                                    slot0 + m_min + (it - 1) % nm))
+                                prev = slot0 + m_min + (it - 1) % nm
+                                if prev < mSem.shape[1]:
+                                    tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
+                                                                        prev))
                             turn = 2 * cutlass.min(turn_a, (m * bm + turn_c) // bn)
                             if cutlass.const_expr(not self.dq_cols):
                                 turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first
-                            tile_order.wait_turn(self._turn_ptr(mSem, hq, slot0 + m), turn)
+                            if slot0 + m < mSem.shape[1]:
+                                tile_order.wait_turn(self._turn_ptr(mSem, hq, slot0 + m), turn)
                         cute.copy(tma_dq, tsdQ, tgdQ)
                         cute.arch.cp_async_bulk_commit_group()
 
@@ -515,8 +518,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cutlass.const_expr(self.ordered):
                         if n_iter > 0:
-                            tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (n_iter - 1) // nm,
-                                                                slot0 + m_min + (n_iter - 1) % nm))
+                            last = slot0 + m_min + (n_iter - 1) % nm
+                            if last < mSem.shape[1]:
+                                tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (n_iter - 1) // nm,
+                                                                    last))
 
                 # epilogue: dK = scale * acc, dV = acc, rows inside the segment only
                 self._store_dkv(acc_dK, acc_dV, tKVc, jw0, slen_k, mdK, mdV, bb, off_k, hkv, scale)

@@ -34,9 +34,9 @@ def window(causal, left, right):
 
 
 def tdiv(a, b):
-    """C (and the DSL's Int32) division: truncation toward zero."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
+    """The DSL's Int32 ``//`` (floor division in the PTX: a shift and a select); the kernel only divides
+    numerators that are >= 0 here, where floor and truncation agree."""
+    return a // b
 
 
 def cta_tiles(nb, slen_q, slen_k, wl, wr):
@@ -53,11 +53,12 @@ def cta_tiles(nb, slen_q, slen_k, wl, wr):
     return list(range(m_min, m_min + nm))
 
 
-def turn(nb, m, cwg, slen_q, slen_k, wr, dq_cols):
-    """_turns + the turn expression of _main_fast."""
+def turn(nb, m, cwg, slen_q, slen_k, wr, dq_cols, grid_n=None):
+    """_turns + the turn expression of _main_fast (grid_n: the launched key blocks, max_seqlen_k's)."""
     off = slen_k - slen_q
     right = min(wr, slen_q + slen_k)
-    a = tdiv(slen_k - 1, BN) - nb
+    grid_n = (slen_k + BN - 1) // BN if grid_n is None else grid_n
+    a = min(tdiv(slen_k - 1, BN), grid_n - 1) - nb
     c = BM + off + right - 1 - nb * BN
     assert m * BM + c >= 0, "the truncating division would differ from floor"
     t = 2 * min(a, tdiv(m * BM + c, BN))
@@ -132,10 +133,13 @@ def test_turns_cover_each_tile_once():
     assert n_tiles > 1000
 
 
-def simulate(segs, wl, wr, heads, dq_cols, resident, rng):
+def simulate(segs, wl, wr, heads, dq_cols, resident, rng, qpk=1, grid_n=None):
     """Runs every CTA's two warpgroups as step machines; returns the order of writers per tile, or raises on a
-    deadlock. CTAs (key block, kv head, segment) are dispatched in linear order, nb = grid_n - 1 - x fastest."""
-    grid_n = max(1, max((sk + BN - 1) // BN for _, sk in segs))
+    deadlock. CTAs (key block, kv head, segment) are dispatched in linear order, nb = grid_n - 1 - x fastest; a CTA
+    walks its qpk query heads (GQA) outer, its query blocks inner, as _main_fast's it // nm, it % nm. grid_n: the
+    launched key blocks (default: enough for the longest segment; fewer models a max_seqlen_k below it)."""
+    if grid_n is None:
+        grid_n = max(1, max((sk + BN - 1) // BN for _, sk in segs))
     ctas = [(grid_n - 1 - x, h, b) for b in range(len(segs)) for h in range(heads) for x in range(grid_n)]
     counters, order = {}, {}
     queue, live = list(ctas), []
@@ -143,7 +147,7 @@ def simulate(segs, wl, wr, heads, dq_cols, resident, rng):
     def start(cta):
         nb, h, b = cta
         sq, sk = segs[b]
-        tiles = [(h, m) for m in cta_tiles(nb, sq, sk, wl, wr)] if sq and sk else []
+        tiles = [(h * qpk + j, m) for j in range(qpk) for m in cta_tiles(nb, sq, sk, wl, wr)] if sq and sk else []
         wgs = [dict(i=0, phase="compute", last=None) for _ in range(2)]
         return dict(cta=cta, tiles=tiles, wgs=wgs, released=[0, 0], computed=[0, 0])
 
@@ -182,7 +186,7 @@ def simulate(segs, wl, wr, heads, dq_cols, resident, rng):
                 return True
             hh, m = tiles[i]
             key = (b, hh, m)
-            if counters.get(key, 0) < turn(nb, m, w, sq, sk, wr, dq_cols):
+            if counters.get(key, 0) < turn(nb, m, w, sq, sk, wr, dq_cols, grid_n):
                 return False
             order.setdefault(key, []).append((nb, w))
             g["last"] = key
@@ -217,8 +221,8 @@ def test_no_deadlock_and_fixed_order(dq_cols, resident):
              ([(0, 5), (1, 0), (17, 40), (282, 160)], window(False, -1, -1)),
              ([(rng.randrange(1, 900), rng.randrange(1, 900)) for _ in range(3)], window(False, 200, 50))]
     for segs, (wl, wr) in cases:
-        first = simulate(segs, wl, wr, 2, dq_cols, resident, random.Random(1))
-        again = simulate(segs, wl, wr, 2, dq_cols, resident, random.Random(2))
+        first = simulate(segs, wl, wr, 2, dq_cols, resident, random.Random(1), qpk=2)
+        again = simulate(segs, wl, wr, 2, dq_cols, resident, random.Random(2), qpk=2)
         if dq_cols:   # the two warpgroups of a key block share a turn (disjoint columns): compare key blocks
             first = {k: [nb for nb, _ in v] for k, v in first.items()}
             again = {k: [nb for nb, _ in v] for k, v in again.items()}
@@ -226,3 +230,14 @@ def test_no_deadlock_and_fixed_order(dq_cols, resident):
         for key, ws in first.items():
             nbs = ws if dq_cols else [nb for nb, _ in ws]
             assert nbs == sorted(nbs, reverse=True), (key, ws)
+
+
+@pytest.mark.parametrize("dq_cols", [False, True])
+def test_no_deadlock_when_max_seqlen_k_is_too_small(dq_cols):
+    """A max_seqlen_k below a segment's keys launches too few key blocks (wrong gradients, the caller's contract, as in
+    the other modes): the turns stop at the grid's last key block, so nothing waits for a CTA never launched."""
+    for segs, (wl, wr) in [([(1000, 1000)], window(False, -1, -1)), ([(900, 900)], window(True, -1, -1)),
+                           ([(300, 700), (50, 900)], window(False, 100, 7))]:
+        for grid_n in (1, 2, 3):
+            order = simulate(segs, wl, wr, 1, dq_cols, 1, random.Random(3), grid_n=grid_n)
+            assert all(nb < grid_n for ws in order.values() for nb, _ in ws)

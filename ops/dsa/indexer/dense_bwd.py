@@ -19,6 +19,7 @@ sparse_indexer_bwd; W entries a query row). Every check raises ValueError naming
 before any compile or launch. An empty problem (no query row, or a zero-width score matrix) zeroes d_index_k and
 launches nothing: the caller builds the zero d_index_q / d_weights (paddle_dsa does, without calling the seam).
 """
+import math
 import os
 
 from .. import supported
@@ -28,15 +29,33 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 _CACHE = {}
 
+# PADDLE_DSA_IDX_DET: the deterministic form of this kernel (read at import; ``det=`` overrides it per call):
+#   "ordered" (default): every query row's CTA adds its d_index_k tiles in turn, key block by key block
+#      (dense_bwd_sm90.py, ops/common/tile_order.py): no staging buffer, no sort;
+#   "staged": the sparse kernels' form (ops/common/deterministic_rows.py: staged rows, a sort, segment sums).
+# Both written 2026-12-04/05 and compiled for sm_90a on the CPU; neither has run on a GPU yet.
+DET_FORMS = ("ordered", "staged")
 
-def variant_key(head_dim, heads, w_dtype, varlen, has_offsets, deterministic=False):
-    return (int(head_dim), int(heads), str(w_dtype), bool(varlen), bool(has_offsets), bool(deterministic))
+
+def _det_form(v):
+    v = "ordered" if v in (None, "") else str(v)
+    if v not in DET_FORMS:
+        raise ValueError(f"PADDLE_DSA_IDX_DET / det must be one of {DET_FORMS}, got {v!r}")
+    return v
+
+
+DET = _det_form(os.environ.get("PADDLE_DSA_IDX_DET", "").strip())
+
+
+def variant_key(head_dim, heads, w_dtype, varlen, has_offsets, deterministic=False, ordered=False):
+    return (int(head_dim), int(heads), str(w_dtype), bool(varlen), bool(has_offsets), bool(deterministic),
+            bool(ordered) and bool(deterministic))
 
 
 def all_variant_keys():
-    return [variant_key(d, h, w, vl, off, det) for d in supported.INDEX_HEAD_DIMS for h in supported.INDEX_HEADS
-            for w in supported.WEIGHT_DTYPES for vl in (False, True) for off in (False, True)
-            for det in (False, True)]
+    return [variant_key(d, h, w, vl, off, det, ordered) for d in supported.INDEX_HEAD_DIMS
+            for h in supported.INDEX_HEADS for w in supported.WEIGHT_DTYPES for vl in (False, True)
+            for off in (False, True) for det, ordered in ((False, False), (True, False), (True, True))]
 
 
 def fake_args(key):
@@ -44,12 +63,13 @@ def fake_args(key):
     from cutlass.cute.runtime import make_fake_stream
     from ...common.head_sum_host import fake_tensor
     from .sparse_bwd import fake_tensors
-    D, H, w_name, varlen, has_off, det = key
-    t = fake_tensors(D, H, w_name, varlen, det)
+    D, H, w_name, varlen, has_off, det, ordered = key
+    t = fake_tensors(D, H, w_name, varlen, det and not ordered)
     i32 = cutlass.Int32
     off = fake_tensor(i32, (None,), 1, 4) if has_off else None
+    turns = fake_tensor(i32, (None,), 1, 4) if ordered else None
     return (t["q"], t["k"], t["w"], off, t["s"], t["lse"], t["a"], t["l1"], t["c"], t["dq"], t["dk"], t["dw"],
-            t["cu"](), t["cu"](), i32(1), i32(1), t["keys"], i32(0), make_fake_stream())
+            t["cu"](), t["cu"](), i32(1), i32(1), t["keys"], i32(0), turns, make_fake_stream())
 
 
 def compile_variant(key):
@@ -65,10 +85,12 @@ def compile_variant(key):
 
 def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
                       d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
-                      cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
+                      cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0,
+                      det=None):
     from ...common.deterministic_rows import check_row, check_workspace
     from ...common.head_sum_host import HeadSumCall
     from .sparse_bwd import gradient_buffers, launch_rows
+    ordered = bool(deterministic) and _det_form(DET if det is None else det) == "ordered"
     if deterministic:
         check_workspace(workspace, workspace_bytes)
     if index_lse is None:
@@ -77,7 +99,7 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
                        q_offsets, cu_seqlens_q, cu_seqlens_k, 0, ratio)
     w = check_indexer_side(call, weights)
     w.require_inner_contiguous(w.bits // 8)
-    if deterministic:
+    if deterministic and not ordered:
         check_row(1 if call.varlen else call.rows[0], call.at["index_score"].shape[-1], 1, call.head_dim)
     extra, c, dk, s = gradient_buffers(call, attn_score, attn_l1norm, grad_scale, d_index_q, d_index_k, d_weights,
                                        stream)
@@ -86,10 +108,20 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
         return
     n_slots = at["index_score"].shape[-1]        # entries a row: one per score column (slot j = key j)
     fn = compile_variant(variant_key(call.head_dim, call.heads, w.dtype, call.varlen, q_offsets is not None,
-                                     bool(deterministic)))
+                                     bool(deterministic), ordered))
     opt = lambda n: at[n].ffi if n in at else None  # noqa: E731
     head = (at["index_q"].ffi, at["index_k"].ffi, w.ffi, opt("q_offsets"), at["index_score"].ffi,
             at["index_lse"].ffi, extra["attn_score"].ffi, extra["attn_l1norm"].ffi, c.ffi, extra["d_index_q"].ffi)
     tail = (extra["d_weights"].ffi, opt("cu_seqlens_q"), opt("cu_seqlens_k"))
-    launch_rows(fn, head, tail, (int(bool(causal)), int(ratio)), call, dk, n_slots, bool(deterministic), workspace,
-                workspace_bytes, s)
+    scalars = (int(bool(causal)), int(ratio))
+    if ordered:
+        # one turn counter per key block of 64: batch / sequence + ceil(key rows / 64) over all of them
+        from ...common.tensors import arg_tensor
+        n_seq = call.rows[0] if not call.varlen else at["cu_seqlens_q"].shape[0] - 1
+        key_rows = int(math.prod(dk.shape[:-1]))
+        turns = arg_tensor(workspace.export(workspace.alloc((n_seq + (key_rows + 63) // 64,), "int32")),
+                           "turn workspace")
+        fn(*head, dk.ffi, *tail, *scalars, None, 0, turns.ffi, s)
+        return
+    launch_rows(fn, head, tail, scalars, call, dk, n_slots, bool(deterministic), workspace, workspace_bytes, s,
+                extra=(None,))
