@@ -403,7 +403,8 @@ def test_ordered_cases(case):
 @pytest.mark.parametrize("D,causal,window,Hkv", [(128, False, (-1, -1), 16), (128, True, (-1, -1), 16),
                                                  (64, False, (256, 64), 4)])
 def test_ordered_many_waves(D, causal, window, Hkv):
-    """B2 H16 S4096: 1024 CTAs (about 8 waves), so the CTAs that wait run beside CTAs dispatched later. Five reruns
+    """B2 H16 S4096: 32 key blocks x Hkv x 2 CTAs (1024 at Hkv 16, about 8 waves; 256 at Hkv 4), so the CTAs that
+    wait run beside CTAs dispatched later. Five reruns
     bitwise equal; dK and dV bitwise the non-deterministic pipelined kernel's (same kernel code for them: mode 2 for
     D = 128, mode 1 otherwise); dQ within bf16 rounding of it (the same fp32 partials summed in another order)."""
     B, S, H = 2, 4096, 16
