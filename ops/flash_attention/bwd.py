@@ -18,6 +18,7 @@ from cutlass.cute.runtime import make_fake_tensor, make_fake_stream  # noqa: E40
 from . import supported  # noqa: E402
 from ..common.mask import effective_window  # noqa: E402
 from ..common.tensors import COMPILE_OPTIONS, arg_tensor, cu_seqlens_pair, stream_handle  # noqa: E402
+from ..common.switches import choice, env_choice  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
 
@@ -50,16 +51,7 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 #      CPU, not yet run on a GPU: the default stays "recompute" until the H200 suite has passed it.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
 DET_KERNELS = ("recompute", "ordered")
-
-
-def _det_kernel(v):
-    v = "recompute" if v in (None, "") else str(v)
-    if v not in DET_KERNELS:
-        raise ValueError(f"PADDLE_DSA_BWD_DET / det must be one of {DET_KERNELS}, got {v!r}")
-    return v
-
-
-DET = _det_kernel(os.environ.get("PADDLE_DSA_BWD_DET", "").strip())
+DET = env_choice("PADDLE_DSA_BWD_DET", DET_KERNELS)
 
 
 def _fake(dtype, rank, align=16):
@@ -121,7 +113,8 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
                    deterministic=False, alloc, stream=0, fast=None, det=None):
     """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST: 0, 1, 2; default 2); ignored when deterministic.
     det: None -> module default ``DET`` (env PADDLE_DSA_BWD_DET: "recompute" or "ordered"); used when deterministic."""
-    ordered = bool(deterministic) and _det_kernel(DET if det is None else det) == "ordered"
+    ordered = bool(deterministic) and choice(DET if det is None else det, "PADDLE_DSA_BWD_DET / det",
+                                             DET_KERNELS) == "ordered"
     fast = 0 if deterministic else _fast_mode(FAST if fast is None else int(fast))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):

@@ -23,6 +23,7 @@ import math
 import os
 
 from .. import supported
+from ...common.switches import choice, env_choice
 from . import check_indexer_side
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -35,16 +36,7 @@ _CACHE = {}
 #   "staged": the sparse kernels' form (ops/common/deterministic_rows.py: staged rows, a sort, segment sums).
 # Both written 2026-12-04/05 and compiled for sm_90a on the CPU; neither has run on a GPU yet.
 DET_FORMS = ("ordered", "staged")
-
-
-def _det_form(v):
-    v = "ordered" if v in (None, "") else str(v)
-    if v not in DET_FORMS:
-        raise ValueError(f"PADDLE_DSA_IDX_DET / det must be one of {DET_FORMS}, got {v!r}")
-    return v
-
-
-DET = _det_form(os.environ.get("PADDLE_DSA_IDX_DET", "").strip())
+DET = env_choice("PADDLE_DSA_IDX_DET", DET_FORMS)
 
 
 def variant_key(head_dim, heads, w_dtype, varlen, has_offsets, deterministic=False, ordered=False):
@@ -90,7 +82,8 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
     from ...common.deterministic_rows import check_row, check_workspace
     from ...common.head_sum_host import HeadSumCall
     from .sparse_bwd import gradient_buffers, launch_rows
-    ordered = bool(deterministic) and _det_form(DET if det is None else det) == "ordered"
+    ordered = bool(deterministic) and choice(DET if det is None else det, "PADDLE_DSA_IDX_DET / det",
+                                             DET_FORMS) == "ordered"
     if deterministic:
         check_workspace(workspace, workspace_bytes)
     if index_lse is None:
