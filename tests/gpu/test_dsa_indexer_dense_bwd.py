@@ -30,6 +30,7 @@ sys.path.insert(0, HERE)
 
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
+from ops.dsa.indexer import dense_bwd as dense_mod  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as sparse_kernel  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
@@ -136,7 +137,7 @@ def check(case, lse=None, factor=2.0, det=None):
         assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite of {x.numel()}"
     assert torch.equal(dq, sq) and torch.equal(dw, sw), "dense and sparse kernels differ on the same entries"
     if det:
-        if det.get("det", "ordered") == "staged":
+        if (det.get("det") or dense_mod.DET) == "staged":
             assert torch.equal(dk, sk), "deterministic d_index_k: dense and sparse kernels differ on the same entries"
         again = case.run(lse, det=det)
         assert all(torch.equal(x, y) for x, y in zip((dq, dk, dw), again)), "deterministic rerun differs"

@@ -31,11 +31,14 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 _CACHE = {}
 
 # PADDLE_DSA_IDX_DET: the deterministic form of this kernel (read at import; ``det=`` overrides it per call):
-#   "ordered" (default): every query row's CTA adds its d_index_k tiles in turn, key block by key block
-#      (dense_bwd_sm90.py, ops/common/tile_order.py): no staging buffer, no sort;
-#   "staged": the sparse kernels' form (ops/common/deterministic_rows.py: staged rows, a sort, segment sums).
-# Both written 2026-12-04/05 and compiled for sm_90a on the CPU; neither has run on a GPU yet.
-DET_FORMS = ("ordered", "staged")
+#   "staged" (default for now): the sparse kernels' form (ops/common/deterministic_rows.py: staged rows, a sort,
+#      segment sums): CTAs never wait for each other;
+#   "ordered": every query row's CTA adds its d_index_k tiles in turn, key block by key block (dense_bwd_sm90.py,
+#      ops/common/tile_order.py): no staging buffer, no sort, far less traffic, but CTAs wait for the rows launched
+#      before them (deadlock-free only if CTAs are dispatched in block order, as FlashAttention-3 also assumes).
+# Both written 2026-12-04/05 and compiled for sm_90a on the CPU; neither has run on a GPU yet. The default becomes
+# "ordered" once the H200 suite (tests/gpu/check_deterministic.sh 2) has passed it.
+DET_FORMS = ("staged", "ordered")
 DET = env_choice("PADDLE_DSA_IDX_DET", DET_FORMS)
 
 

@@ -16,7 +16,7 @@ W >= every sequence's keys). Causal grids run the longest rows first (row = Sq -
 the chunk's rows). The shared-memory handoffs and the deterministic variant (entries (row, slot = key j), W a row)
 are the sparse kernel's (its docstring).
 
-Ordered form (deterministic=True, ordered=True; the seam's default deterministic form): no staging. d_index_k is
+Ordered form (deterministic=True, ordered=True; the seam's det="ordered"): no staging. d_index_k is
 added by red.global as in the default mode, but each key block's tile in turn (ops/common/tile_order.py
 group_turn / group_pass, one int32 counter per key block of 64 of each batch / sequence, slot b + (b Sk or
 cu_seqlens_k[b]) // 64 + block, so the counters need batch + ceil(key rows / 64)): the consumer warpgroup that
