@@ -17,9 +17,8 @@ Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
   dense idx bwd    B1 Sq = Sk = 8K (and 4K) causal, 64 index heads, Di 128: the same gradients over the visible keys (cuDNN:
                    indexer_backward_wrapper on the dense slot table, slot j = key j, -1 past the causal limit);
                    FLOPs 3 x 2 x (visible pairs) x H x D
-Both backward rows also time ours in deterministic mode (deterministic=True: d_index_k summed per key in a fixed
-order; the line "ours det" under the row: the sparse row's staged form, 1 GiB staging chunks, the dense row's ordered
-form; the dense row adds "ours det staged").
+Both backward rows also time ours in deterministic mode (deterministic=True, 1 GiB staging chunks: d_index_k summed
+per key in a fixed order; the line "ours det" under the row).
 FLOPs: 2 * H * D * (visible (query, key) pairs), about half of Sq * Sk when causal (the count cuDNN's 470 TFLOP/s
 at 1.17 ms uses). Top-k: GB/s of the score bytes read once.
 Timing: bench/timing.device_time (median device time of one call, CUDA events, host queued ahead).
@@ -239,14 +238,9 @@ def bench_dense_bwd(S, H, iters, dsa, notes):
     res = {"ours": time_or_note(lambda: dense_indexer_bwd(q, k, w, s, lse, a, l1, c, dq, dk, dw, causal=True,
                                                           stream=st), iters, notes, "ours"),
            "ours det": time_or_note(lambda: dense_indexer_bwd(q, k, w, s, lse, a, l1, c, dq, dk, dw, causal=True,
-                                                              stream=st, deterministic=True, det="ordered",
+                                                              stream=st, deterministic=True,
                                                               workspace=TorchWorkspace(poison=False)),
-                                    iters, notes, "ours det"),
-           "ours det staged": time_or_note(lambda: dense_indexer_bwd(q, k, w, s, lse, a, l1, c, dq, dk, dw,
-                                                                     causal=True, stream=st, deterministic=True,
-                                                                     det="staged",
-                                                                     workspace=TorchWorkspace(poison=False)),
-                                           iters, notes, "ours det staged")}
+                                    iters, notes, "ours det")}
     if dsa is not None:
         j = torch.arange(S, device=DEV, dtype=torch.int32)
         idx = torch.where(j[None, :] <= j[:, None], j[None, :], torch.full_like(j[None, :], -1))[None]
@@ -305,12 +299,11 @@ def print_row(name, res, flops, notes, out):
         print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
               f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
               f"{fmt(None if ot is None or et is None else et / ot)}", flush=True)
-    for key, label in (("ours det", "  ours det (deterministic)"), ("ours det staged", "  ours det staged")):
-        if key in res:
-            d = res[key]
-            print(f"{label:30s} {fmt(ms(d))} {'':8s} {'':8s} {fmt(tf(d), p=0)} {'':8s} "
-                  f"{fmt(None if c is None or d is None else c / d)}   time / ours {fmt(None if d is None else ratio(d))}",
-                  flush=True)
+    if "ours det" in res:
+        d = res["ours det"]
+        print(f"{'  ours det (deterministic)':30s} {fmt(ms(d))} {'':8s} {'':8s} {fmt(tf(d), p=0)} {'':8s} "
+              f"{fmt(None if c is None or d is None else c / d)}   time / ours {fmt(None if d is None else ratio(d))}",
+              flush=True)
     for n in notes:
         print(f"    note: {n}", flush=True)
     for impl, t in res.items():

@@ -242,9 +242,7 @@ class FakeKernels:
 
     def dense_indexer_bwd(self, index_q, index_k, weights, index_score, index_lse, attn_score, attn_l1norm, grad_scale,
                           d_index_q, d_index_k, d_weights, *, causal=True, ratio=1, q_offsets=None, cu_seqlens_q=None,
-                          cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0,
-                          det=None):
-        assert det is None, "the Paddle seam leaves the deterministic form to PADDLE_DSA_IDX_DET"
+                          cu_seqlens_k=None, deterministic=False, workspace=None, workspace_bytes=1 << 30, stream=0):
         q, k, w, c, s, lse, a, l1 = _index_bwd_inputs(index_q, index_k, weights, grad_scale, index_score, index_lse,
                                                       attn_score, attn_l1norm, d_index_q, d_index_k, d_weights)
         assert s.shape == a.shape and lse.shape == l1.shape == s.shape[:-1], "statistics shapes"

@@ -1,5 +1,5 @@
 """The deterministic form of the sparse backwards' scatter-add (dkv of the sparse attention backward, d_index_k of
-the indexer backwards; the dense indexer backward has a second, staging-free form: ops/common/tile_order.py), host side: query rows in chunks, each chunk staged, sorted by key and summed in a fixed order.
+the indexer backwards), host side: query rows in chunks, each chunk staged, sorted by key and summed in a fixed order.
 
 For each chunk of query rows [row0, row0 + R) (R rows of every batch):
   1. `launch(stage, keys, row0)`: the backward kernel's deterministic variant writes entry e's `groups` gradient rows

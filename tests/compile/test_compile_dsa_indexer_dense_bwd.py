@@ -37,7 +37,7 @@ def call(**over):
              d_index_q=bf16(B, S, H, D), d_index_k=f32(B, Sk, D), d_weights=f32(B, S, H))
     kw = {k: over.pop(k) for k in list(over) if k in ("causal", "ratio", "q_offsets", "cu_seqlens_q",
                                                       "cu_seqlens_k", "deterministic",
-                                                      "workspace", "workspace_bytes", "det")}
+                                                      "workspace", "workspace_bytes")}
     a.update(over)
     dense_bwd.dense_indexer_bwd(*a.values(), **kw)
 
@@ -58,7 +58,6 @@ def call(**over):
     (dict(cu_seqlens_q=i32(3)), "cu_seqlens_q and cu_seqlens_k must be given together"),
     (dict(weights=cuda(np.zeros((2, 4, 64), np.float16))), "weights: dtype float16"),
     (dict(deterministic=True), "workspace: deterministic=True needs an object with alloc, export and sort_keys"),
-    (dict(deterministic=True, det="sorted"), "PADDLE_DSA_IDX_DET / det must be one of"),
     (dict(deterministic=True, workspace=__import__("types").SimpleNamespace(alloc=len, export=len, sort_keys=len),
           workspace_bytes=-1), "workspace_bytes: expected an int >= 0"),
 ])

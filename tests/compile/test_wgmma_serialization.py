@@ -51,8 +51,6 @@ KERNELS = {
                                         "m.variant_key(128, 64, 'float32', True, True, True))",
     "dense_indexer_bwd_deterministic": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant("
                                        "m.variant_key(128, 64, 'bfloat16', False, True, True))",
-    "dense_indexer_bwd_ordered": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant("
-                                 "m.variant_key(128, 64, 'bfloat16', True, True, True, True))",
     "dense_indexer_bwd": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant(m.variant_key(128, 64, "
                          "'bfloat16', True, True))",
 }

@@ -4,8 +4,8 @@
 #   1: flash attention's ordered kernel (PADDLE_DSA_BWD_DET=ordered): the smoke first, in a time limit (a hang of a
 #      turn wait can not be caught inside pytest), then tests/gpu/test_flash_bwd.py (every deterministic case under
 #      both kernels, test_ordered_*) and sanitize_bwd (racecheck, memcheck)
-#   2: the DSA backwards' deterministic modes (staged: sparse attention, sparse indexer; ordered and staged: dense
-#      indexer) and their sanitizers, through tests/gpu/run_device.sh
+#   2: the DSA backwards' deterministic modes (staged: sparse attention, sparse and dense indexer) and their
+#      sanitizers, through tests/gpu/run_device.sh
 #   3: the benches: flash attention backward with both deterministic kernels (--det), the sparse attention backward
 #      and the indexer backwards ("ours det" lines), all against their peers in the same run
 # Logs to $OUT (run_device.sh's); each part prints a short table last.

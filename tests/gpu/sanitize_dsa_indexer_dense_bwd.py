@@ -1,9 +1,8 @@
 """One small config per dense indexer backward flavour (BSHD causal with ratio 2, q_offsets and fp32 weights; THD
 non-causal with bf16 weights, an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero
 if any output element is left unwritten (NaN: d_index_q, d_weights and d_index_k are NaN-poisoned, the seam zeroes
-d_index_k before accumulating). Each config runs in deterministic mode too, both forms: staged (chunks of 2 and 4
-rows, poisoned staging: tests/gpu/workspace.py) and ordered (turn counters; grids of 10 and 9 CTAs, all resident at
-once, so the tools' CTA order can not matter)."""
+d_index_k before accumulating). Each config runs in deterministic mode too (chunks of 2 and 4 rows, poisoned
+staging: tests/gpu/workspace.py)."""
 import os
 import sys
 
@@ -36,11 +35,11 @@ def main():
     s, a = torch.randn(2, 5, 150, device=dev), torch.rand(2, 5, 150, device=dev)
     lse, l1 = torch.randn(2, 5, device=dev) + 5, a.sum(-1)
     off = torch.tensor([140, 3], dtype=torch.int32, device=dev)
-    for det, form in ((False, None), (True, "staged"), (True, "ordered")):
+    for det in (False, True):
         dq, dk, dw = poisoned(q, k, w)
         dense_indexer_bwd(q, k, w, s, lse, a, l1, c, dq, dk, dw, causal=True, ratio=2, q_offsets=off,
                           deterministic=det, workspace=TorchWorkspace(), workspace_bytes=2 * 2 * 150 * 128 * 4,
-                          stream=stream, det=form)
+                          stream=stream)
         outs += [dq, dk, dw]
     cu_q = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
     cu_k = torch.tensor([0, 100, 101, 180], dtype=torch.int32, device=dev)
@@ -48,11 +47,11 @@ def main():
     wa = torch.randn(9, 16, device=dev).bfloat16()
     sa, aa = torch.randn(9, 100, device=dev), torch.rand(9, 100, device=dev)
     la, l1a = torch.randn(9, device=dev) + 5, aa.sum(-1)
-    for det, form in ((False, None), (True, "staged"), (True, "ordered")):
+    for det in (False, True):
         dqa, dka, dwa = poisoned(qa, ka, wa)
         dense_indexer_bwd(qa, ka, wa, sa, la, aa, l1a, c, dqa, dka, dwa, causal=False, cu_seqlens_q=cu_q,
                           cu_seqlens_k=cu_k, deterministic=det, workspace=TorchWorkspace(),
-                          workspace_bytes=4 * 100 * 64 * 4, stream=stream, det=form)
+                          workspace_bytes=4 * 100 * 64 * 4, stream=stream)
         outs += [dqa, dka, dwa]
     torch.cuda.synchronize()
     bad = int(sum(torch.isnan(t.float()).sum() for t in outs))

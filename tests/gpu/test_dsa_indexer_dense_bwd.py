@@ -7,12 +7,9 @@ float32 implementation that rounds where the kernel must; outputs NaN-poisoned b
 Cases: BSHD causal / not, ratio 1 and 4, q_offsets; THD with empty and 1-row segments, q_offsets, rows past
 cu_seqlens_q[-1]; index_lse +inf (zero gradients) and -1e30 (finite); rows that see no key (ratio, negative
 offsets); bitwise reruns; a CUDA graph capture; the seed-003 race test (8 reruns on THD shapes, every d_index_k
-element's spread within (N - 1) 2^-24 sum|t_i|). Deterministic mode, both forms (det="staged":
-tests/gpu/workspace.py, poisoned; det="ordered": d_index_k tiles added in turn, ops/common/tile_order.py): the same
-gates, dq / d_weights equal to the default mode's, d_index_k within the re-association bound of it, bitwise reruns,
-the race shapes bitwise over 8 reruns; staged: all three gradients bitwise equal to the sparse kernel's
-deterministic mode on the same slots (same entries, same keys, same order). The ordered form also on 4096 rows of
-2K keys (many waves of CTAs waiting for their turns).
+element's spread within (N - 1) 2^-24 sum|t_i|). Deterministic mode (tests/gpu/workspace.py, poisoned): the same
+gates, all three gradients bitwise equal to the sparse kernel's deterministic mode on the same slots (same entries,
+same keys, same order), dq / d_weights equal to the default mode's, the race shapes bitwise over 8 reruns.
 Run: python -m pytest -q tests/gpu/test_dsa_indexer_dense_bwd.py
 """
 import os
@@ -30,7 +27,6 @@ sys.path.insert(0, HERE)
 
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
-from ops.dsa.indexer import dense_bwd as dense_mod  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as sparse_kernel  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
@@ -107,18 +103,14 @@ class Case:
         if self.thd:
             kw.update(cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k)
         sparse_kernel(q, k, w, self.idx, self.s, self.lse if lse is None else lse, self.a, self.l1, self.c, dq, dk,
-                      dw, stream=torch.cuda.current_stream().cuda_stream, **kw, **_det(det, sparse=True))
+                      dw, stream=torch.cuda.current_stream().cuda_stream, **kw, **_det(det))
         return dq, dk, dw
 
 
-def _det(det, sparse=False):
-    """The deterministic keywords of a run: a poisoned TorchWorkspace added; the sparse kernel has one form (no det=;
-    it stages)."""
+def _det(det):
     det = dict(det or {})
     if det.get("deterministic"):
         det.setdefault("workspace", TorchWorkspace())
-    if sparse:
-        det.pop("det", None)
     return det
 
 
@@ -137,8 +129,7 @@ def check(case, lse=None, factor=2.0, det=None):
         assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite of {x.numel()}"
     assert torch.equal(dq, sq) and torch.equal(dw, sw), "dense and sparse kernels differ on the same entries"
     if det:
-        if (det.get("det") or dense_mod.DET) == "staged":
-            assert torch.equal(dk, sk), "deterministic d_index_k: dense and sparse kernels differ on the same entries"
+        assert torch.equal(dk, sk), "deterministic d_index_k: dense and sparse kernels differ on the same entries"
         again = case.run(lse, det=det)
         assert all(torch.equal(x, y) for x, y in zip((dq, dk, dw), again)), "deterministic rerun differs"
         dq0, dk0, dw0 = case.run(lse)
@@ -272,54 +263,31 @@ def test_race_reruns(lens):
     assert not over.any(), f"{int(over.sum())} d_index_k elements spread beyond the re-association bound"
 
 
-FORMS = ["ordered", "staged"]
-
-
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("H,D,w_dtype", CASES[:2])
 @pytest.mark.parametrize("causal,ratio", [(True, 1), (False, 1), (True, 4)])
-def test_deterministic_bshd(H, D, w_dtype, causal, ratio, form):
+def test_deterministic_bshd(H, D, w_dtype, causal, ratio):
     case = Case([70, 70], [300, 300], H, D, w_dtype, causal=causal, ratio=ratio, seed=60 + H)
     row = 300 * 2 * D * 4                          # staging bytes of one query row (both batches)
-    for wb in ((0, 9 * row, 1 << 30) if form == "staged" else (0,)):
-        check(case, det=dict(deterministic=True, workspace_bytes=wb, det=form))
+    for wb in (0, 9 * row, 1 << 30):
+        check(case, det=dict(deterministic=True, workspace_bytes=wb))
 
 
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("H,D,w_dtype", CASES[1:3])
-def test_deterministic_thd(H, D, w_dtype, form):
-    for causal in (True, False):
-        case = Case([5, 0, 37, 1, 20], [300, 40, 129, 1, 517], H, D, w_dtype, thd=True, causal=causal,
-                    offsets=[0, 3, -5, 2, 10], tail=6, seed=61)
-        for wb in ((0, 1 << 30) if form == "staged" else (0,)):
-            dq, _, dw = check(case, det=dict(deterministic=True, workspace_bytes=wb, det=form))
-            assert (dq[int(case.cu_q[-1]):] == 0).all() and (dw[int(case.cu_q[-1]):] == 0).all()
+def test_deterministic_thd(H, D, w_dtype):
+    case = Case([5, 0, 37, 1, 20], [300, 40, 129, 1, 517], H, D, w_dtype, thd=True, offsets=[0, 3, -5, 2, 10],
+                tail=6, seed=61)
+    for wb in (0, 1 << 30):
+        dq, _, dw = check(case, det=dict(deterministic=True, workspace_bytes=wb))
+        assert (dq[int(case.cu_q[-1]):] == 0).all() and (dw[int(case.cu_q[-1]):] == 0).all()
 
 
-def test_deterministic_ordered_many_waves():
-    """The ordered form over 2 x 2048 causal rows of 2K keys, 64 heads (4096 CTAs, about 31 waves: CTAs wait for
-    their turns beside CTAs dispatched later): 3 reruns bitwise equal; dq / d_weights equal to the default mode's,
-    d_index_k within 2^-14 of its largest element (fp32 adds in another order)."""
-    case = Case([2048, 2048], [2048, 2048], 64, 128, torch.bfloat16, seed=99)
-    det = dict(deterministic=True, det="ordered")
-    first = case.run(det=det)
-    torch.cuda.synchronize()
-    assert all(torch.isfinite(t).all() for t in first)
-    for _ in range(3):
-        assert all(torch.equal(x, y) for x, y in zip(first, case.run(det=det))), "ordered rerun differs"
-    dq0, dk0, dw0 = case.run()
-    assert torch.equal(first[0], dq0) and torch.equal(first[2], dw0)
-    assert ((first[1] - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
-
-
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("lens", [[256], [512, 512], [300, 100, 612], [1000, 24], [1024, 1024]],
                          ids=lambda v: "x".join(map(str, v)))
-def test_deterministic_race_reruns(lens, form):
+def test_deterministic_race_reruns(lens):
     """Seed 003's race shapes in deterministic mode: 8 reruns bitwise equal, d_index_k included."""
     offsets = [len(lens) * 3 + i for i in range(len(lens))]
     case = Case(lens, lens, 16, 64, torch.bfloat16, thd=True, offsets=offsets, seed=sum(lens) + 1)
-    det = dict(deterministic=True, workspace_bytes=64 << 20, det=form)
+    det = dict(deterministic=True, workspace_bytes=64 << 20)
     runs = [case.run(det=det) for _ in range(8)]
     torch.cuda.synchronize()
     assert all(torch.isfinite(t).all() for t in runs[0])

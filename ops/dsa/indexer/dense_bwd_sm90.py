@@ -16,19 +16,6 @@ W >= every sequence's keys). Causal grids run the longest rows first (row = Sq -
 the chunk's rows). The shared-memory handoffs and the deterministic variant (entries (row, slot = key j), W a row)
 are the sparse kernel's (its docstring).
 
-Ordered form (deterministic=True, ordered=True; the seam's det="ordered"): no staging. d_index_k is
-added by red.global as in the default mode, but each key block's tile in turn (ops/common/tile_order.py
-group_turn / group_pass, one int32 counter per key block of 64 of each batch / sequence, slot b + (b Sk or
-cu_seqlens_k[b]) // 64 + block, so the counters need batch + ceil(key rows / 64)): the consumer warpgroup that
-adds block n of row t first passes the turn of its previous block, then waits until the counter of block n has
-counted every row launched before t in its batch / sequence (bx rows in BSHD, causal or not; in THD the rows after
-t when causal, before t when not). Every such row sees block n too (the visible limit grows with the row), so the
-count is exact; each key's sum runs over the rows in launch order. A CTA waits only for rows launched before it
-(lower block index), which never wait for it: no deadlock as long as CTAs are dispatched in block order. The turn
-passes when the warpgroup reaches its next block (or after its loop), so the rows of a wave start about a block
-apart. Status (2026-12-05): compiled for sm_90a on the CPU (no wgmma serialization, no local memory); not yet run on
-a GPU.
-
 Layouts. Dense: index_q [B,Sq,Hi,Di], index_k [B,Sk,Di], weights [B,Sq,Hi] (bf16 or fp32), index_score /
 attn_score fp32 [B,Sq,Sk], index_lse / attn_l1norm fp32 [B,Sq], q_offsets int32 [B], grad_scale fp32 [1],
 d_index_q bf16 like index_q, d_index_k fp32 like index_k (zeroed by the seam), d_weights fp32 [B,Sq,Hi].
@@ -47,21 +34,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from ...common import tile_order
 from ...common.gather_sm90 import PIECE, find_sequence
 from ...common.head_sum_sm90 import visible_limit
-from .sparse_bwd_sm90 import BK, SparseIndexerBwdSm90
+from .sparse_bwd_sm90 import SparseIndexerBwdSm90
 
 
 class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     """One compiled variant: (Di, Hi, weights dtype name, varlen, with q_offsets)."""
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_offsets: bool,
-                 deterministic: bool = False, ordered: bool = False):
-        # ordered: the deterministic form without staging (module docstring); deterministic alone: the staged form
-        ordered = bool(ordered) and bool(deterministic)
-        super().__init__(head_dim, heads, w_dtype, varlen, False, bool(deterministic) and not ordered)
-        self.ordered = ordered
+                 deterministic: bool = False):
+        super().__init__(head_dim, heads, w_dtype, varlen, False, deterministic)
         self.has_offsets = has_offsets
 
     # ------------------------------------------------------------------------------------------ host (jit)
@@ -69,24 +52,20 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, mOff: cute.Tensor, mS: cute.Tensor,
                  mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor, mC: cute.Tensor, mdQ: cute.Tensor,
                  mdK: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, causal: Int32,
-                 ratio: Int32, mKeys: cute.Tensor, row0: Int32, mTurns: cute.Tensor, stream):
-        """Staged deterministic variant: as SparseIndexerBwdSm90's, the entries (row, slot = key) of the rows
-        [row0, row0 + E / (B W)). Ordered variant: mTurns int32 [n] = the turn counters (n = batch + ceil(key rows
-        / 64) over all batches / sequences: _turns), zeroed here first; mKeys None, row0 0. Otherwise both None."""
+                 ratio: Int32, mKeys: cute.Tensor, row0: Int32, stream):
+        """Deterministic variant: as SparseIndexerBwdSm90's, the entries (row, slot = key) of the rows
+        [row0, row0 + E / (B W))."""
         tma_q, tQ, k_v, dk_v, grid, mmas, layouts = self.setup(mQ, mK, mdK, mKeys, mS)
-        if cutlass.const_expr(self.ordered):
-            tile_order.clear_counters(mTurns, mTurns.shape[0], stream)
         self.dense_kernel(tma_q, tQ, k_v, dk_v, mW, mOff, mS, mLse, mA, mL1, mC, mdQ, mdW, mCuQ, mCuK, causal,
-                          ratio, mKeys, row0, mTurns, mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1),
-                                                                            stream=stream, min_blocks_per_mp=1)
+                          ratio, mKeys, row0, mmas, layouts).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
+                                                       min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
     @cute.kernel
     def dense_kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, mK: cute.Tensor, mdK: cute.Tensor, mW: cute.Tensor,
                      mOff: cute.Tensor, mS: cute.Tensor, mLse: cute.Tensor, mA: cute.Tensor, mL1: cute.Tensor,
                      mC: cute.Tensor, mdQ: cute.Tensor, mdW: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
-                     causal: Int32, ratio: Int32, mKeys: cute.Tensor, row0: Int32, mTurns: cute.Tensor, mmas,
-                     layouts):
+                     causal: Int32, ratio: Int32, mKeys: cute.Tensor, row0: Int32, mmas, layouts):
         tidx, _, _ = cute.arch.thread_idx()
         bx, batch, _ = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
@@ -108,20 +87,10 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
                 k_off = mCuK[b]
                 seqlen_k = mCuK[b + 1] - k_off
                 lim = visible_limit(row - mCuQ[b], self.q_offset(mOff, b), causal, ratio, seqlen_k)
-                turns = None
-                if cutlass.const_expr(self.ordered):
-                    # rows of the sequence dispatched before this one: the later ones (causal) or the earlier
-                    turn = Int32(cutlass.select_(causal != 0, mCuQ[b + 1] - 1 - row, row - mCuQ[b]))
-                    turns = (mTurns, b + k_off // BK, turn)
-                self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, seqlen_k, cutlass.min(lim, width),
-                                  turns)
+                self.backward_row(g, mmas, layouts, tidx, Int32(0), row, k_off, seqlen_k, cutlass.min(lim, width))
         else:
             lim = visible_limit(row, self.q_offset(mOff, batch), causal, ratio, mK.shape[0])
-            turns = None
-            if cutlass.const_expr(self.ordered):
-                turns = (mTurns, batch + (batch * mK.shape[0]) // BK, bx)    # bx = the batch's rows dispatched before
-            self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0], cutlass.min(lim, width),
-                              turns)
+            self.backward_row(g, mmas, layouts, tidx, batch, row, Int32(0), mK.shape[0], cutlass.min(lim, width))
 
     @cute.jit
     def q_offset(self, mOff: cute.Tensor, b: Int32):

@@ -109,16 +109,15 @@ def sparse_indexer_bwd(index_q, index_k, weights, topk_indices, index_score, ind
     launch_rows(fn, head, tail, (), call, dk, n_slots, deterministic, workspace, workspace_bytes, s)
 
 
-def launch_rows(fn, head, tail, scalars, call, dk, n_slots, deterministic, workspace, workspace_bytes, s, extra=()):
+def launch_rows(fn, head, tail, scalars, call, dk, n_slots, deterministic, workspace, workspace_bytes, s):
     """One launch (d_index_k by atomics), or the deterministic form (ops/common/deterministic_rows.py): staged
-    chunks of query rows, keys = the global key rows (b Sk + key, or the THD row). Both indexer backward seams
-    (extra: arguments after row0, the dense kernel's unused turn counters)."""
+    chunks of query rows, keys = the global key rows (b Sk + key, or the THD row). Both indexer backward seams."""
     from ...common.deterministic_rows import run_in_chunks
     if not deterministic:
-        fn(*head, dk.ffi, *tail, *scalars, None, 0, *extra, s)
+        fn(*head, dk.ffi, *tail, *scalars, None, 0, s)
         return
     n_out = int(math.prod(dk.shape[:-1]))
-    run_in_chunks(lambda stage, keys, row0: fn(*head, stage, *tail, *scalars, keys, row0, *extra, s),
+    run_in_chunks(lambda stage, keys, row0: fn(*head, stage, *tail, *scalars, keys, row0, s),
                   n_rows=call.rows[-1], n_batch=1 if call.varlen else call.rows[0], n_slots=n_slots, groups=1,
                   width=call.head_dim, out=dk.ffi, out_rank=len(dk.shape), n_out=n_out, workspace=workspace,
                   workspace_bytes=workspace_bytes, stream=s)

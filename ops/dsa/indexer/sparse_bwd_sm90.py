@@ -67,7 +67,6 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common import tile_order
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
 from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
@@ -77,7 +76,7 @@ BK = 64
 DC = 64
 PIECE = 8
 PART = 4                 # chunk buffers per consumer warpgroup: two blocks of Di = 128
-PRE_BAR, DA_BAR, END_BAR, TURN_BAR = 3, 4, 8, 9     # DA_BAR + w: 4 .. 3 + CONSUMERS; TURN_BAR + w: 9 ..
+PRE_BAR, DA_BAR, END_BAR = 3, 4, 8     # DA_BAR + w: 4 .. 3 + CONSUMERS
 EXP_ARG_MIN = -126.0 * math.log(2.0)
 LOG_MIN = -100.0
 PROB_MIN = math.exp(-100.0)
@@ -97,7 +96,6 @@ class SparseIndexerBwdSm90(BlockGather):
                  deterministic: bool = False):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
         self.stage = deterministic      # d_index_k rows to a staging buffer (st.v2), keys to mKeys
-        self.ordered = False            # the dense kernel's ordered form (dense_bwd_sm90.py): dk tiles added in turn
         self.D, self.H, self.NC = head_dim, heads, head_dim // DC
         self.w_dtype, self.varlen, self.has_length = w_dtype, varlen, has_length
         self.dt = cutlass.BFloat16
@@ -280,9 +278,8 @@ class SparseIndexerBwdSm90(BlockGather):
 
     @cute.jit
     def backward_row(self, g, mmas, layouts, tidx: Int32, batch: Int32, row: Int32, k_off: Int32, seqlen_k: Int32,
-                     row_len: Int32, turns=None):
-        """One query row's gradients over its first row_len slots (keys k_off + slot_raw(j)). turns: the ordered
-        form's (counters, counter slot of block 0, this row's turn), else None."""
+                     row_len: Int32):
+        """One query row's gradients over its first row_len slots (keys k_off + slot_raw(j))."""
         tma_q, tQ, mK, mdK, mW, mIdx, mLen, mS, mLse, mA, mL1, mC, mdQ, mdW, mKeys, rel = g
         sQ_l, sQt_l, sK_l, sKt_l, sdA_l, sdAt_l = layouts
         n_blk = (row_len + BK - 1) // BK
@@ -341,17 +338,7 @@ class SparseIndexerBwdSm90(BlockGather):
             dq_mma.set(warpgroup.Field.ACCUMULATE, True)
             sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ)
             self.consume(pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid, batch, row, row_len, n_blk,
-                         k_off, seqlen_k, ebase, turns)
-
-    @cute.jit
-    def take_turn(self, turns, n: Int32, w: Int32, t: Int32):
-        """Ordered form, before block n's first dk adds (consumer warpgroup w, its thread t): pass the turn of the
-        warpgroup's previous block n - W, wait for block n's (ops/common/tile_order.py group_turn)."""
-        mTurns, slot0, turn = turns
-        for i in cutlass.range_constexpr(self.W):
-            if w == i:
-                tile_order.group_turn(mTurns.iterator + slot0 + n - self.W, n >= w + self.W,
-                                      mTurns.iterator + slot0 + n, turn, t, TURN_BAR + i, 128)
+                         k_off, seqlen_k, ebase)
 
     @cute.jit
     def row_sums(self, sRed, sW, mW, mIdx, mS, mA, batch: Int32, row: Int32, row_len: Int32, seqlen_k: Int32,
@@ -393,7 +380,7 @@ class SparseIndexerBwdSm90(BlockGather):
 
     @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
-                row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32, turns=None):
+                row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32):
         sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
@@ -488,8 +475,6 @@ class SparseIndexerBwdSm90(BlockGather):
                     cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                if cutlass.const_expr(self.ordered and ch == 0):
-                    self.take_turn(turns, n, w, t)
                 if cutlass.const_expr(self.stage):
                     st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
                 else:
@@ -498,13 +483,6 @@ class SparseIndexerBwdSm90(BlockGather):
             for ch in cutlass.range_constexpr(NC):
                 pipe.consumer_release(self.chunk_state(n, ch, False))
 
-        if cutlass.const_expr(self.ordered):
-            if w < n_blk:                               # the turn of this warpgroup's last block
-                mTurns, slot0, _ = turns
-                n_last = w + ((n_blk - 1 - w) // self.W) * self.W
-                for i in cutlass.range_constexpr(self.W):
-                    if w == i:
-                        tile_order.group_pass(mTurns.iterator + slot0 + n_last, t, TURN_BAR + i, 128)
         # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 4 W consumer warps in order
         for ci in cutlass.range_constexpr(n_cols):
             v = dwp[ci]
