@@ -16,7 +16,8 @@ one stream add to out in launch order.
 
 Tiling: one warp a key (4 a CTA), a lane owns 4 consecutive columns of each 128-column line (D / 128 lines, the last
 one partial for D = 576 or 64): 16-byte loads of the stage rows, two entries in flight. D static (a variant each).
-Status: CPU only (compiled for sm_90a, 2026-12-04); not yet run on a GPU.
+Status: H200 2026-12-05 (perf/device_2026-12-05T0155.txt): the DSA backwards' deterministic tests pass through it,
+racecheck / memcheck clean.
 """
 import cutlass
 import cutlass.cute as cute

@@ -56,8 +56,11 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     block nb + 1 reaches a shared query block two tiles before nb does, so the diagonal CTAs rarely wait at all.
     tests/compile/test_flash_bwd_ordered.py checks the turn rule and deadlock freedom on a model of the schedule
     (one resident CTA at a time included).
-  Status (2026-12-05): compiled for sm_90a on the CPU only (all 12 variants; no wgmma serialization; ptxas spills
-  148-172 B at D = 128 against mode 2's 116, 44-80 B at D = 96 against 12, none at D = 64); not yet run on a GPU.
+  Status: ptxas (CPU): all 12 variants without wgmma serialization, spills 148-172 B at D = 128 (mode 2: 116),
+  44-80 B at D = 96 (12), none at D = 64. H200 2026-12-05 (perf/device_2026-12-05T0155.txt): tests/gpu/test_flash_bwd.py
+  -k ordered 29 passed, sanitize_bwd racecheck / memcheck clean; B2 H16 S8K bf16: D 128 319 / 313 TFLOP/s (non-causal
+  / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
+  "auto" takes this form at D = 128 only.
 
 Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
 launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted

@@ -44,13 +44,15 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 
 # PADDLE_DSA_BWD_DET selects the kernel of the deterministic path (D = 64, 96, 128; the wide pairs have their own
 # split form); read once at import:
-#   "recompute" (default): the simple kernels, dQ recomputed by a second kernel in a fixed order (_dq of
-#      backward_sm90.py; verified on the H200, about half the default path's speed)
+#   "recompute": the simple kernels, dQ recomputed by a second kernel in a fixed order (_dq of backward_sm90.py)
 #   "ordered": the pipelined kernel (mode 2 for D = 128, mode 1 otherwise) with each dQ tile's bulk reduces taken
-#      in a fixed order of the key blocks (ops/common/tile_order.py); written 2026-12-05, compiled for sm_90a on the
-#      CPU, not yet run on a GPU: the default stays "recompute" until the H200 suite has passed it.
+#      in a fixed order of the key blocks (ops/common/tile_order.py)
+#   "auto" (default): the faster of the two per head_dim on the H200 (2026-12-05, B2 H16 S8K bf16, TFLOP/s
+#      non-causal / causal): D 128 ordered 319 / 313 against recompute 300 / 282; D 64 recompute 232 / 215 against
+#      ordered 171 / 198 (mode 1: warpgroup 1 waits for warpgroup 0's reduce of each tile). So ordered at D 128,
+#      recompute at D 64 and 96. Both pass the GPU suite and the sanitizers there.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
-DET_KERNELS = ("recompute", "ordered")
+DET_KERNELS = ("auto", "recompute", "ordered")
 DET = env_choice("PADDLE_DSA_BWD_DET", DET_KERNELS)
 
 
@@ -112,9 +114,9 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
                    deterministic=False, alloc, stream=0, fast=None, det=None):
     """fast: None -> module default ``FAST`` (env PADDLE_DSA_BWD_FAST: 0, 1, 2; default 2); ignored when deterministic.
-    det: None -> module default ``DET`` (env PADDLE_DSA_BWD_DET: "recompute" or "ordered"); used when deterministic."""
-    ordered = bool(deterministic) and choice(DET if det is None else det, "PADDLE_DSA_BWD_DET / det",
-                                             DET_KERNELS) == "ordered"
+    det: None -> module default ``DET`` (env PADDLE_DSA_BWD_DET: "auto", "recompute" or "ordered"); used when
+    deterministic."""
+    det_kind = choice(DET if det is None else det, "PADDLE_DSA_BWD_DET / det", DET_KERNELS)
     fast = 0 if deterministic else _fast_mode(FAST if fast is None else int(fast))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
@@ -145,6 +147,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
             raise ValueError(f"{n}: shape {shapes[n]} must be {want} (q / k / v and the value head_dim {Dv})")
     if shapes["v"][:-1] != shapes["k"][:-1]:
         raise ValueError(f"v: shape {shapes['v']} must equal k's {shapes['k']} but for the head_dim")
+    ordered = bool(deterministic) and (det_kind == "ordered" or (det_kind == "auto" and D == 128))
     if (D, Dv) in supported.BWD_WIDE_HEAD_DIMS:
         deterministic, fast, ordered = True, 0, False   # the split simple kernels: no pipelined form, no atomics
     if ordered:

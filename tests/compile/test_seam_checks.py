@@ -233,7 +233,7 @@ def test_bwd_rejects_zero_query_heads():
 
 def test_bwd_det_kernel_choice(monkeypatch):
     """deterministic=True routes by det / PADDLE_DSA_BWD_DET: "recompute" the simple kernels, "ordered" the pipelined
-    kernel (mode 2 at D = 128, mode 1 otherwise) with an int32 turn workspace of one counter per dQ tile (segment,
+    kernel (mode 2 at D = 128, mode 1 otherwise), "auto" (the default) ordered at D = 128 only with an int32 turn workspace of one counter per dQ tile (segment,
     query head, query block of 64); a bad value is a ValueError before anything is allocated. Compile and launch
     are recorded, not run."""
     seen = []
@@ -271,6 +271,15 @@ def test_bwd_det_kernel_choice(monkeypatch):
     monkeypatch.setattr(bwd, "DET", "ordered")           # the module default (env PADDLE_DSA_BWD_DET)
     run(128, deterministic=True)
     assert seen[-1]["ordered"]
+    run(64, deterministic=True)
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 1
+    monkeypatch.setattr(bwd, "DET", "auto")              # the default: ordered at D 128, recompute below
+    run(128, deterministic=True)
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 2
+    run(64, deterministic=True)
+    assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
+    run(96, deterministic=True, det="auto")
+    assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
     n = len(allocs)
     run(192, deterministic=True)                         # a wide pair: its split kernels, never ordered
     assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0

@@ -310,11 +310,12 @@ def sparse_attention_bwd(q, kv, scale, idx, out, dout, lse, *, dv=512, sink=None
 
 
 def sparse_indexer_bwd(q, k, w, idx, score, lse, attn, l1, c, *, topk_length=None, cu_q=None, cu_k=None,
-                       dtype=torch.float64, floor=False, chunk=32):
+                       dtype=torch.float64, floor=False, chunk=32, dw_scale=False):
     """(d_index_q like q, d_index_k like k, d_weights [.., Hi]) of the sparse indexer KL loss (the math of
     ops/dsa/indexer/sparse_bwd_sm90.py / paddle_dsa/reference/dsa/indexer_loss.py) from the given statistics and
     c = loss_coeff * grad_loss / N. floor=True: the float32 implementation that rounds where the kernel must (dA to
-    bf16 before its products, d_index_q to bf16)."""
+    bf16 before its products, d_index_q to bf16). dw_scale=True adds a fourth output: sum_s |G[s]| relu(X[s, h]) like
+    d_weights, the magnitude its rounding errors scale with (d_weights itself cancels: sum_s G[s] is about 0)."""
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -331,6 +332,7 @@ def sparse_indexer_bwd(q, k, w, idx, score, lse, attn, l1, c, *, topk_length=Non
         dq = torch.zeros(T, H, D, dtype=dtype, device=q.device)
         dk = torch.zeros(kr.shape, dtype=dtype, device=q.device)
         dw = torch.zeros(T, H, dtype=dtype, device=q.device)
+        dws = torch.zeros(T, H, dtype=dtype, device=q.device)
         for r0 in range(0, T, chunk):
             r1 = min(T, r0 + chunk)
             vm = valid[r0:r1]
@@ -346,11 +348,13 @@ def sparse_indexer_bwd(q, k, w, idx, score, lse, attn, l1, c, *, topk_length=Non
             relu = torch.where(X < 0, torch.zeros_like(X), X)
             slope = torch.where(X > 0, torch.ones_like(X), torch.where(X <= 0, torch.zeros_like(X), X))
             dw[r0:r1] = (G[:, None, :] * relu).sum(-1)
+            dws[r0:r1] = (G.abs()[:, None, :] * relu).sum(-1)
             dA = bf(G[:, None, :] * wr[r0:r1, :, None] * slope)                            # [R, H, K]
             dq[r0:r1] = torch.einsum("rhk,rkd->rhd", dA, kg)
             contrib = torch.einsum("rhk,rhd->rkd", dA, qc)
             dk.index_add_(0, grow[r0:r1][vm], contrib[vm])
-        return bf(dq).reshape(q.shape), dk.reshape(k.shape), dw.reshape(*q.shape[:-2], H)
+        out = (bf(dq).reshape(q.shape), dk.reshape(k.shape), dw.reshape(*q.shape[:-2], H))
+        return out + (dws.reshape(*q.shape[:-2], H),) if dw_scale else out
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
 

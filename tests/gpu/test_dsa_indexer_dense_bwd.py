@@ -114,9 +114,10 @@ def _det(det):
     return det
 
 
-def worst_row(x, ex):
+def worst_row(x, ex, scale=None):
+    """test_dsa_indexer_bwd.worst_row: relative to the row norm of ex, or of `scale` (d_weights: dsa_ref's dw_scale)."""
     d = (x.double() - ex).reshape(-1, ex.shape[-1]).norm(dim=-1)
-    n = ex.reshape(-1, ex.shape[-1]).norm(dim=-1)
+    n = (ex if scale is None else scale).reshape(-1, ex.shape[-1]).norm(dim=-1)
     return (d / torch.where(n > 0, n, torch.ones_like(n))).max().item()
 
 
@@ -136,13 +137,13 @@ def check(case, lse=None, factor=2.0, det=None):
         assert torch.equal(dq, dq0) and torch.equal(dw, dw0)
         assert ((dk - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
     args = (case.q, case.k, case.w, case.idx, case.s, lse, case.a, case.l1, case.c)
-    ex = sparse_indexer_bwd(*args, **case.ref_kw)
+    ex = sparse_indexer_bwd(*args, dw_scale=True, **case.ref_kw)
     fl = sparse_indexer_bwd(*args, dtype=torch.float32, floor=True, **case.ref_kw)
     e_k, e_f = worst_row(dq, ex[0]), worst_row(fl[0], ex[0])
     assert e_k <= factor * e_f + 1e-6, f"d_index_q worst-row rel err {e_k:.3e} > {factor} x floor {e_f:.3e}"
     e_k, e_f = rel_rms(dk, ex[1]), rel_rms(fl[1], ex[1])
     assert e_k <= factor * e_f + 1e-7, f"d_index_k rel_rms {e_k:.3e} > {factor} x floor {e_f:.3e}"
-    e_k, e_f = worst_row(dw, ex[2]), worst_row(fl[2], ex[2])
+    e_k, e_f = worst_row(dw, ex[2], ex[3]), worst_row(fl[2], ex[2], ex[3])
     assert e_k <= factor * e_f + 1e-6, f"d_weights worst-row rel err {e_k:.3e} > {factor} x floor {e_f:.3e}"
     return dq, dk, dw
 

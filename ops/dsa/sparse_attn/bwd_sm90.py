@@ -59,9 +59,10 @@ mKeys[e] = the slot's global kv row (b Skv + idx, or the THD row), -1 where the 
 publishes the staging row instead of the kv row in sRows (publish_rows), so the consumers are the same code; head
 group 0's producer writes the keys of the gathered blocks as it publishes them and -1 for the slots past the last
 block (clear_row: all of a THD tail row's). Every valid slot's staging rows and every key of the chunk are written;
-an invalid slot's staging rows are not (the seam never reads them). CPU only so far (2026-12-04): compiled for
-sm_90a, no wgmma serialization in any of its 64 variants (spills 32-120 bytes), the non-deterministic PTX unchanged
-but for one unused parameter; not yet run on the H200.
+an invalid slot's staging rows are not (the seam never reads them). No wgmma serialization in any of its 64
+variants (spills 32-120 bytes). H200 2026-12-05 (perf/device_2026-12-05T0155.txt): tests/gpu/test_dsa_sparse_attn_bwd.py
+30 passed (deterministic cases included), racecheck / memcheck clean; Sq 4K, Skv 8K, top-k 2048: H 64 21.62 ms, H 128
+42.25 ms, 2.9x the default mode's 7.49 / 14.72.
 
 Status (H200, 2026-12-04 21:00 UTC, tree f51b752): tests/gpu/test_dsa_sparse_attn_bwd.py 23 passed, racecheck /
 memcheck clean. Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64 7.50 ms (389 TFLOP/s) against cuDNN frontend's 6.42
