@@ -48,8 +48,9 @@ fp32 [E, Di] and each valid slot's dk rows go to row e with plain stores as the 
 test is the consumers'), -1 for the slots past the last block (producer) and for a THD tail row (clear_row).
 H200 2026-12-05 (perf/device_2026-12-05T0155.txt): tests/gpu/test_dsa_indexer_bwd.py and test_dsa_indexer_dense_bwd.py
 deterministic cases pass (bitwise reruns, every chunking) but one d_weights gate on a cancelling row (output bitwise
-the default mode's; the gate now scales by sum |G| relu, rerun owed), racecheck / memcheck clean; Sq 4K, Sk 8K,
-top-k 2048: 5.09 ms against the default's 1.89.
+the default mode's; the gate now scales by sum |G| relu), racecheck / memcheck clean; Sq 4K, Sk 8K, top-k 2048:
+5.09 ms against the default's 1.89. Rerun with the new gate (2026-12-05 03:23, perf/device_2026-12-05T0323.txt):
+test_dsa_indexer_bwd 26 passed, test_dsa_indexer_dense_bwd 38 passed, sanitizers clean.
 
 Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
 top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the same run (2.59 before the slot loads
