@@ -1,16 +1,17 @@
 """Where the top-k kernel's time goes (H200 diagnostic): one row per input kind / k / width, device ms each.
 
 Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shrinks from 2048 to 64 elements),
-W 4K with k 2048 (a row an eighth as long), and causal scores (row i: i + 1 finite columns, the rest -inf, as the
-indexer writes them). With --ncu, run only the first row once (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
+W 4K with k 2048 (a row an eighth as long), causal scores (row i: i + 1 finite columns, the rest -inf, as the
+indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold runs of 2-5 equal keys). With --ncu, run only the first row once (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
 inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled torch's randn).
 
-Rows use the default sort (TopkSm90.REG_SORT: the register / shuffle bitonic); with --reg-sort every row is timed
-again with the shared-memory sort (REG_SORT False) for comparison. Every row runs on the streaming kernel
+Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "key": a key-only network and slots by
+rank); --sorts key,regs,smem times every row with each (regs: the (key, column) pair network in registers /
+shuffles, the default until 2026-12-05; smem: the pair network in shared memory). Every row runs on the streaming kernel
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--reg-sort]
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached]
 """
 import argparse
 import os
@@ -35,7 +36,8 @@ def main(a):
     causal.masked_fill_(torch.arange(32768, device="cuda")[None, :] > torch.arange(R, device="cuda")[:, None] *
                         (32768 // R), float("-inf"))
     cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
-             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048)]
+             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
+             ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
     if a.first:
         cases = cases[:1]
     if a.sweep:
@@ -47,16 +49,16 @@ def main(a):
         topk_fwd(s, out, stream=st)
         torch.cuda.synchronize()
         return
-    from ops.dsa.topk import fwd, topk_sm90
-    for stream in (True, False):
+    from ops.dsa.topk import fwd, sort_sm90
+    for stream in ((True,) if a.no_cached else (True, False)):
         fwd.STREAM = stream
-        for reg in ([True, False] if a.reg_sort else [True]):
-            topk_sm90.TopkSm90.REG_SORT = reg
+        for sort in a.sorts.split(","):
+            sort_sm90.SelectionSort.SORT = sort
             fwd._CACHE.clear()
             for name, s, k in cases:
                 out = torch.empty(R, k, dtype=torch.int32, device="cuda")
                 t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-                tag = ("" if reg else " (smem sort)") + (" stream" if stream else " cached")
+                tag = f" {sort}" + (" stream" if stream else " cached")
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
@@ -83,7 +85,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--ncu", action="store_true")
-    p.add_argument("--reg-sort", action="store_true")
+    p.add_argument("--sorts", default="key", help="comma list of sort_sm90.SelectionSort.SORT values to time")
+    p.add_argument("--no-cached", action="store_true", help="only the streaming kernel")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
     main(p.parse_args())

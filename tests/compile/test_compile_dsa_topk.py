@@ -53,11 +53,13 @@ def test_compile_stream_launch_shapes(monkeypatch, u, mb):
     assert fwd.compile_variant(fwd.variant_key(2048, True, True, True)) is not None
 
 
+@pytest.mark.parametrize("sort", ["regs", "smem"])
 @pytest.mark.parametrize("p", [512, 1024, 2048])
-def test_compile_shared_memory_sort(monkeypatch, p):
-    """The shared-memory sort (TopkSm90.REG_SORT False; the default is the register / shuffle bitonic network for
-    E = P / 512 elements a thread) still compiles."""
-    from ops.dsa.topk import topk_sm90
-    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", False)
+def test_compile_other_sorts(monkeypatch, p, sort):
+    """The other orderings of the selection (sort_sm90.SelectionSort.SORT; the default "key" is compiled above):
+    the (key, column) pair network in registers / shuffles and in shared memory."""
+    from ops.dsa.topk import sort_sm90
+    monkeypatch.setattr(sort_sm90.SelectionSort, "SORT", sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
     assert fwd.compile_variant(fwd.variant_key(p, True, True)) is not None
+    assert fwd.compile_variant(fwd.variant_key(p, False, False, True)) is not None

@@ -126,7 +126,7 @@ if [ "${RUN_DSA_DIAG:-0}" = "1" ]; then
   ROWS+=("$(printf '%-28s rc=%-3s %4ss' dsa_precision "$?" "$(( $(date +%s) - start ))")")
   tail -8 "$OUT/dsa_precision.log"
   start=$(date +%s)
-  timeout "${DIAG_TIMEOUT:-150}" python3 bench/topk_breakdown.py --reg-sort > "$OUT/topk_breakdown.log" 2>&1
+  timeout "${DIAG_TIMEOUT:-150}" python3 bench/topk_breakdown.py --sorts key,regs > "$OUT/topk_breakdown.log" 2>&1
   ROWS+=("$(printf '%-28s rc=%-3s %4ss' topk_breakdown "$?" "$(( $(date +%s) - start ))")")
   cat "$OUT/topk_breakdown.log"
 fi

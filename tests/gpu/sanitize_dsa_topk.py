@@ -1,6 +1,8 @@
 """Small top-k configs for compute-sanitizer racecheck/memcheck, through both kernels: aligned rows (the streaming
 kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at the threshold, lengths, rank 3, one
-row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback). Exits
+row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
+k hold short runs of equal keys (the "key" ordering's atomic slots and in-place run sort; the rounded rows' long
+runs take its fallback to the pair network). Exits
 non-zero if any output element is left unwritten (-7)."""
 import os
 import sys
@@ -27,7 +29,9 @@ def main():
     topk_fwd(s2, out2, stream=stream)
     outs = [out, out2]
     crowded = 1.0 + torch.rand(2, 12000, device=dev)
-    for x in (s.reshape(6, 900), s2, crowded):
+    runs = (torch.randn(2, 8192, device=dev) * 3000).round()   # the "key" sort: runs of 2..8 equal keys (atomics)
+    runs[1, :8] = 30000.0
+    for x in (s.reshape(6, 900), s2, crowded, runs):
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):

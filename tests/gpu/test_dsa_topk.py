@@ -142,18 +142,27 @@ def test_cuda_graph_capture():
     assert torch.equal(out, reference(s, 512))
 
 
-@pytest.mark.parametrize("reg_sort", [True, False])
+@pytest.mark.parametrize("sort", ["key", "regs", "smem"])
 @pytest.mark.parametrize("k", [300, 1000, 2048])
-def test_sort_paths(monkeypatch, k, reg_sort):
-    """Both sorts of the selected set for P >= 512: TopkSm90.REG_SORT (the default: the bitonic network in
-    registers / shuffles, shared memory only for partners 32 E apart) and the shared-memory network (REG_SORT
-    False): same indices as the stable sort, with ties (many equal keys, one key for a whole row, -0.0 and +0.0),
-    padding, a row narrower than a warp's keys and rows of 70000 columns."""
-    from ops.dsa.topk import fwd, topk_sm90
-    monkeypatch.setattr(topk_sm90.TopkSm90, "REG_SORT", reg_sort)
+def test_sort_paths(monkeypatch, k, sort):
+    """The three orderings of the selected set for P >= 512 (sort_sm90.SelectionSort.SORT): "key" (the default: a
+    key-only network, slots by rank, equal-key runs ordered in place, runs longer than GROUP_MAX handed to "regs"),
+    "regs" (the pair network in registers / shuffles) and "smem" (the pair network in shared memory): same indices
+    as the stable sort, with ties (runs of 2..GROUP_MAX equal keys, exactly GROUP_MAX and GROUP_MAX + 1, many equal
+    keys, one key for a whole row, -0.0 and +0.0), padding, a row narrower than a warp's keys and rows of 70000
+    columns."""
+    from ops.dsa.topk import fwd, sort_sm90
+    monkeypatch.setattr(sort_sm90.SelectionSort, "SORT", sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
     torch.manual_seed(k)
     check(torch.randn(16, 32768, device=DEV), k)
+    t = (torch.randn(12, 32768, device=DEV) * 4000).round()  # the top k hold runs of 2..5 equal scores
+    g = sort_sm90.GROUP_MAX
+    t[8, :g] = 20000.0                                      # a run of exactly GROUP_MAX at the top
+    t[9, 5:6 + g] = 20000.0                                 # GROUP_MAX + 1: the row goes to the pair network
+    t[10, ::4096] = 9000.0                                  # a run of GROUP_MAX spread over the row
+    t[11, 3::3000] = 9000.0                                 # 11 equal keys spread over the row
+    check(t, k)
     s = (torch.randn(8, 3000, device=DEV) * 3).round()
     s[0, :] = 1.5
     s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last

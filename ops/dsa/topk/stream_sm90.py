@@ -163,8 +163,8 @@ class TopkStreamSm90(TopkSm90):
                                  misc, use_digit=False)
         if ranked:
             self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
-        # ---- bitonic sort, descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, misc, gOut, k, tid)
+        # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
+        self.sort_and_write(sel_u, sel_c, cand_u, misc, gOut, k, tid)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit

@@ -1,4 +1,4 @@
-"""Row-wise top-k of fp32 scores for Hopper (sm_90a), CuTe DSL: radix select, then a bitonic sort of the selection.
+"""Row-wise top-k of fp32 scores for Hopper (sm_90a), CuTe DSL: radix select, then an ordering of the selection.
 
 Semantics (docs/dsa.md, "Top-k"): per row, the columns of the k largest FINITE scores in descending score order,
 ties lower column first (a total order: the output is bitwise deterministic); -inf, +inf and NaN are never
@@ -23,9 +23,9 @@ Algorithm. One CTA (512 threads) per row.
   3. Gather: keys > T (and all keys == T when need == eq) join the selection; when need < eq the ties are ranked
      by column over the whole row (ordered chunks of 512 columns: ballot + warp prefix + block prefix) and the
      first `need` are taken.
-  4. Bitonic sort of the P (= k padded to a power of two) selected (u, column) pairs, descending by ks then
-     ascending by column (padding: u = 0 sorts last), one barrier per stage; write the first k columns (-1 where
-     u = 0).
+  4. Order the selection (sort_sm90.SelectionSort, shared with the streaming kernel): by default a bitonic network
+     over the keys alone, then each (key, column) pair's slot by rank, runs of equal keys ordered by column; write
+     the first k columns (-1 past the selected count).
 Histogram adds are warp-aggregated (match.any: one atomic per distinct digit of a warp, so scores sharing their top
 bits do not serialise 32 atomics on one bin); appends to the selection / candidates are warp-aggregated (ballot:
 one atomic per warp). Shared-memory handoffs: every buffer written by many threads (row cache, histogram, scan
@@ -36,7 +36,7 @@ Rows whose base is 16-byte aligned (the common case) go to the streaming kernel,
 output bits, 3x faster at 32K x 32K); this kernel serves the others and PADDLE_DSA_TOPK_STREAM=0.
 
 Status (H200, 2026-12-03): tests/gpu/test_dsa_topk.py passes on this kernel and on the streaming one (equal bits),
-racecheck and memcheck clean. 32K rows x 32K columns, k 2048: 13.16 ms with the register / shuffle sort (REG_SORT;
+racecheck and memcheck clean. 32K rows x 32K columns, k 2048: 13.16 ms with the register / shuffle sort (SORT "regs";
 10.31 ms on the indexer's own scores, 15.6 ms first version), against 4.33 ms for stream_sm90 on aligned rows: the
 per-column load and sweeps (~1.3 ns a column per SM: 4-byte cp.async and match.any per element, one CTA an SM) are
 what the streaming kernel removed. This kernel now only serves unaligned rows.
@@ -46,13 +46,13 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
-NT = 512
+from .sort_sm90 import NT, SIGN, SelectionSort
+
 WARPS = NT // 32
 CAP = 40960                  # row columns cached in shared memory (160 KiB)
 CAND = 4096                  # candidate (key, column) pairs after pass 0 (32 KiB)
 SHIFT0 = 21                  # pass 0 digit: the top 11 bits of u (sign, exponent, 2 mantissa bits: 1/4 binade)
 BINS0 = 1 << (32 - SHIFT0)
-SIGN = -2147483648           # 0x80000000 as int32
 
 
 def pad_k(k):
@@ -63,10 +63,8 @@ def pad_k(k):
     return p
 
 
-class TopkSm90:
+class TopkSm90(SelectionSort):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs)."""
-
-    REG_SORT = True      # bitonic_regs for P >= NT (H200 2026-12-03: 13.2 ms vs 15.0 at 32K x 32K k 2048); False: bitonic()
 
     def __init__(self, p: int, has_lengths: bool, rank3: bool):
         assert p >= 32 and p & (p - 1) == 0 and p <= 2048, p
@@ -193,8 +191,8 @@ class TopkSm90:
                 self.append(sel_u, sel_c, misc, 4, u, j, take, lane)
         if ranked:
             self.take_ties(keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
-        # ---- 4. bitonic sort, descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, misc, gOut, k, tid)
+        # ---- 4. order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
+        self.sort_and_write(sel_u, sel_c, cand_u, misc, gOut, k, tid)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit
@@ -254,27 +252,6 @@ class TopkSm90:
             if not ranked:
                 take = take or (u != 0 and u == t_u)
             self.append(sel_u, sel_c, misc, 4, u, c, take, lane)
-
-    @cute.jit
-    def sort_and_write(self, sel_u, sel_c, misc, gOut, k, tid):
-        """After every append (a barrier first): pad the selection to P (u = 0 sorts last), sort it, write the k
-        output columns (-1 for padding and past P)."""
-        P = self.P
-        cute.arch.sync_threads()
-        n_sel = misc[4]
-        for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
-            sel_u[i] = Int32(0)
-            sel_c[i] = Int32(2147483647)
-        cute.arch.sync_threads()
-        if cutlass.const_expr(self.REG_SORT and P >= NT):
-            self.bitonic_regs(sel_u, sel_c, tid)
-        else:
-            self.bitonic(sel_u, sel_c, tid)
-        for i in cutlass.range(tid, k, NT, unroll=1):
-            if i < P:
-                gOut[i] = Int32(cutlass.select_(sel_u[i] != 0, sel_c[i], Int32(-1)))
-            else:
-                gOut[i] = Int32(-1)
 
     @cute.jit
     def n_rows(self, mS):
@@ -419,94 +396,3 @@ class TopkSm90:
             if tid == 0:
                 misc[5] = misc[5] + total
             cute.arch.sync_threads()
-
-    @cute.jit
-    def before(self, ua, ca, ub, cb):
-        """(ua, ca) sorts before (ub, cb): larger key first, then lower column."""
-        ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
-        return ka > kb or (ka == kb and ca < cb)
-
-    @cute.jit
-    def bitonic_regs(self, sel_u, sel_c, tid):
-        """The same bitonic network as bitonic(), E = P / NT elements a thread in registers (element i = tid * E + r):
-        partners closer than E are in the thread, closer than 32 E a shuffle away, farther ones exchanged through
-        shared memory (write own, barrier, read partner, barrier): 10 barrier stages at P = 2048 instead of 66.
-        A pair (lo, hi) of a descending segment keeps the element that sorts first at lo; each thread keeps, of
-        itself and its partner, the one its position wants. The network's index logic was checked by a Python
-        emulation of this mapping (random keys with ties, padding) on CPU and by tests/gpu/test_dsa_topk.py on the H200
-        (2026-12-03; on by default since: REG_SORT)."""
-        P = self.P
-        E = P // NT
-        ru = cute.make_rmem_tensor((E,), Int32)
-        rc = cute.make_rmem_tensor((E,), Int32)
-        for r in cutlass.range_constexpr(E):
-            ru[r] = sel_u[tid * E + r]
-            rc[r] = sel_c[tid * E + r]
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                if cutlass.const_expr(stride < E):
-                    for r in cutlass.range_constexpr(E):
-                        j = r ^ stride
-                        if cutlass.const_expr(j > r):
-                            desc = ((tid * E + r) & size) == 0
-                            ua, ub, ca, cb = ru[r], ru[j], rc[r], rc[j]
-                            swap = self.before(ua, ca, ub, cb) != desc
-                            ru[r] = Int32(cutlass.select_(swap, ub, ua))
-                            ru[j] = Int32(cutlass.select_(swap, ua, ub))
-                            rc[r] = Int32(cutlass.select_(swap, cb, ca))
-                            rc[j] = Int32(cutlass.select_(swap, ca, cb))
-                else:
-                    m = stride // E
-                    ou = cute.make_rmem_tensor((E,), Int32)
-                    oc = cute.make_rmem_tensor((E,), Int32)
-                    if cutlass.const_expr(m < 32):
-                        for r in cutlass.range_constexpr(E):
-                            ou[r] = cute.arch.shuffle_sync_bfly(ru[r], offset=m)
-                            oc[r] = cute.arch.shuffle_sync_bfly(rc[r], offset=m)
-                    else:
-                        for r in cutlass.range_constexpr(E):
-                            sel_u[tid * E + r] = ru[r]
-                            sel_c[tid * E + r] = rc[r]
-                        cute.arch.sync_threads()            # every thread's elements written
-                        for r in cutlass.range_constexpr(E):
-                            ou[r] = sel_u[(tid ^ m) * E + r]
-                            oc[r] = sel_c[(tid ^ m) * E + r]
-                        cute.arch.sync_threads()            # every partner read before the next write
-                    for r in cutlass.range_constexpr(E):
-                        i = tid * E + r
-                        want_first = ((i & stride) == 0) == ((i & size) == 0)
-                        take = self.before(ru[r], rc[r], ou[r], oc[r]) != want_first
-                        ru[r] = Int32(cutlass.select_(take, ou[r], ru[r]))
-                        rc[r] = Int32(cutlass.select_(take, oc[r], rc[r]))
-                stride = stride // 2
-            size = size * 2
-        for r in cutlass.range_constexpr(E):
-            sel_u[tid * E + r] = ru[r]
-            sel_c[tid * E + r] = rc[r]
-        cute.arch.sync_threads()                    # the sorted selection complete before the output loop
-
-    @cute.jit
-    def bitonic(self, sel_u, sel_c, tid):
-        P = self.P
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                for i in cutlass.range(tid, P // 2, NT, unroll=1):
-                    lo = 2 * i - (i & (stride - 1))
-                    hi = lo + stride
-                    desc = (lo & size) == 0
-                    ua, ub = sel_u[lo], sel_u[hi]
-                    ca, cb = sel_c[lo], sel_c[hi]
-                    ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
-                    a_first = ka > kb or (ka == kb and ca < cb)
-                    if a_first != desc:
-                        sel_u[lo] = ub
-                        sel_u[hi] = ua
-                        sel_c[lo] = cb
-                        sel_c[hi] = ca
-                cute.arch.sync_threads()
-                stride = stride // 2
-            size = size * 2

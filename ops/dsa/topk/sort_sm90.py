@@ -1,0 +1,279 @@
+"""Ordering the selected set of a top-k row (Hopper sm_90a, CuTe DSL): the last step of topk_sm90.TopkSm90 and
+stream_sm90.TopkStreamSm90, shared by both through the SelectionSort mixin.
+
+Input (shared memory, after a CTA barrier that follows every append): sel_u[0:n_sel] / sel_c[0:n_sel], the selected
+(key u, column) pairs in any order, n_sel = misc[4] <= k <= P (P = k padded to a power of two, 32..2048). Output:
+out[i] for i < k = the column of the i-th element in descending key order, ties lower column first, -1 for
+i >= n_sel. ks = u ^ 0x80000000 orders keys as signed ints; padding is u = 0 (ks = INT_MIN), below every real key.
+
+Three ways (SORT), same output bits:
+  "key"  (default, P >= NT): a bitonic network over the keys alone, then each pair's slot by rank. Keys are sorted
+         descending with one max and one min per compare-exchange (every segment made descending by inverting the
+         keys of ascending segments, ~ks, for the length of a merge phase), E = P / NT keys a thread in registers,
+         partners closer than 32 E a shuffle away, farther ones through sel_u (write own, barrier, read partner,
+         barrier). Then each pair finds its slot = the number of keys above its own (a binary search of the sorted
+         keys, 11 steps at P 2048) and writes its column there. Equal keys form a run [lb, lb + g) of the sorted
+         keys: its members take slots lb + an atomic count (cnt[lb], the scratch buffer), and the thread holding the
+         run's first sorted key then puts the run's columns in ascending order (g <= GROUP_MAX). A longer run
+         (many equal scores, e.g. exact zeros) sends the whole row to the pair network ("regs"), the pairs restored
+         from registers first. Against "regs": one register a key instead of two, two instructions a
+         compare-exchange instead of about ten, half the shuffles and shared-memory traffic.
+  "regs" (P >= NT): the bitonic network on (key, column) pairs, E a thread in registers, the same exchange pattern.
+  "smem": the same network entirely in shared memory, one barrier a stage (P < NT always takes it).
+Shared-memory handoffs: sel_u (exchange, then the sorted keys), sel_c (the columns by slot), cnt and misc[7] (the
+long-run flag) are each read only after a CTA barrier that follows all their writers; each thread reads back only
+its own slots of sel_u before it overwrites them.
+
+Status: "regs" / "smem" H200-verified (tests/gpu/test_dsa_topk.py, 2026-12-03). "key": CPU-compiled and checked by a
+NumPy emulation of its index logic (tests/test_topk_key_sort.py); H200 run pending at the time of writing.
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+NT = 512                     # threads of a top-k CTA
+SIGN = -2147483648           # 0x80000000 as int32
+GROUP_MAX = 8                # longest run of equal keys the "key" sort orders in place; a longer one -> "regs"
+
+
+class SelectionSort:
+    """Mixin: needs self.P (padded k)."""
+
+    SORT = "key"             # "key" | "regs" | "smem" (P < NT: always "smem")
+
+    @cute.jit
+    def sort_and_write(self, sel_u, sel_c, cnt, misc, gOut, k, tid):
+        """After every append (a barrier first): pad the selection to P (u = 0 sorts last), order it, write the k
+        output columns (-1 past n_sel). cnt: P int32 of scratch shared memory (free at this point)."""
+        P = self.P
+        cute.arch.sync_threads()
+        n_sel = misc[4]
+        for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
+            sel_u[i] = Int32(0)
+            sel_c[i] = Int32(2147483647)
+        if tid == 0:
+            misc[7] = Int32(0)
+        cute.arch.sync_threads()                    # padding and the flag written
+        if cutlass.const_expr(P >= NT and self.SORT == "key"):
+            if self.key_rank_sort(sel_u, sel_c, cnt, misc, tid):
+                self.bitonic_regs(sel_u, sel_c, tid)
+        elif cutlass.const_expr(P >= NT and self.SORT == "regs"):
+            self.bitonic_regs(sel_u, sel_c, tid)
+        else:
+            self.bitonic(sel_u, sel_c, tid)
+        for i in cutlass.range(tid, k, NT, unroll=1):
+            if i < P:
+                gOut[i] = Int32(cutlass.select_(i < n_sel, sel_c[i], Int32(-1)))
+            else:
+                gOut[i] = Int32(-1)
+
+    # ---------------------------------------------------------------------------------------------- "key"
+    @cute.jit
+    def key_rank_sort(self, sel_u, sel_c, cnt, misc, tid):
+        """The "key" sort (module docstring). Returns True when a run of equal keys is longer than GROUP_MAX: then
+        sel_u / sel_c hold the selection again (as on entry) for the pair network, and nothing is ordered."""
+        P = self.P
+        E = P // NT
+        pad = Int32(SIGN)
+        ka = cute.make_rmem_tensor((E,), Int32)     # keys (ks), sorted in place
+        k0 = cute.make_rmem_tensor((E,), Int32)     # this thread's pairs as loaded
+        cc = cute.make_rmem_tensor((E,), Int32)
+        for r in cutlass.range_constexpr(E):
+            ka[r] = sel_u[tid * E + r] ^ Int32(SIGN)
+            k0[r] = ka[r]
+            cc[r] = sel_c[tid * E + r]
+        size = 2
+        for _ in cutlass.range_constexpr(P.bit_length() - 1):
+            self.orient(ka, tid, size)
+            stride = size // 2
+            for _s in cutlass.range_constexpr(size.bit_length() - 1):
+                if cutlass.const_expr(stride < E):
+                    for r in cutlass.range_constexpr(E):
+                        j = r ^ stride
+                        if cutlass.const_expr(j > r):
+                            hi = cutlass.max(ka[r], ka[j])
+                            ka[j] = cutlass.min(ka[r], ka[j])
+                            ka[r] = hi
+                else:
+                    m = stride // E
+                    o = cute.make_rmem_tensor((E,), Int32)
+                    if cutlass.const_expr(m < 32):
+                        for r in cutlass.range_constexpr(E):
+                            o[r] = cute.arch.shuffle_sync_bfly(ka[r], offset=m)
+                    else:
+                        for r in cutlass.range_constexpr(E):
+                            sel_u[tid * E + r] = ka[r]
+                        cute.arch.sync_threads()            # every thread's keys written
+                        for r in cutlass.range_constexpr(E):
+                            o[r] = sel_u[(tid ^ m) * E + r]
+                        cute.arch.sync_threads()            # every partner read before the next write
+                    lower = (tid & m) == 0                  # the lower slot of a descending pair keeps the max
+                    for r in cutlass.range_constexpr(E):
+                        ka[r] = Int32(cutlass.select_(lower, cutlass.max(ka[r], o[r]), cutlass.min(ka[r], o[r])))
+                stride = stride // 2
+            self.orient(ka, tid, size)
+            size = size * 2
+        for r in cutlass.range_constexpr(E):
+            sel_u[tid * E + r] = ka[r]
+            cnt[tid * E + r] = Int32(0)
+        cute.arch.sync_threads()                    # sorted keys and zeroed counters complete
+        for r in cutlass.range_constexpr(E):
+            i = tid * E + r
+            far = sel_u[cutlass.min(i + GROUP_MAX, P - 1)]
+            if ka[r] != pad and i + GROUP_MAX < P and far == ka[r]:
+                cute.arch.atomic_add(misc.iterator + 7, Int32(1))     # a run longer than GROUP_MAX
+        cute.arch.sync_threads()                    # the flag complete
+        too_long = misc[7] != 0
+        if too_long:
+            for r in cutlass.range_constexpr(E):
+                sel_u[tid * E + r] = k0[r] ^ Int32(SIGN)
+                sel_c[tid * E + r] = cc[r]
+            cute.arch.sync_threads()                # the selection restored for the pair network
+        else:
+            for r in cutlass.range_constexpr(E):
+                key = k0[r]
+                if key != pad:
+                    lb = Int32(0)                   # keys above `key`: its run starts at lb
+                    for b in cutlass.range_constexpr(self.P.bit_length() - 1):
+                        step = self.P >> (b + 1)
+                        lb = lb + Int32(cutlass.select_(sel_u[lb + (step - 1)] > key, Int32(step), Int32(0)))
+                    slot = lb
+                    nxt = sel_u[cutlass.min(lb + 1, self.P - 1)]
+                    if lb + 1 < self.P and nxt == key:
+                        slot = lb + cute.arch.atomic_add(cnt.iterator + lb, Int32(1))
+                    sel_c[slot] = cc[r]
+            cute.arch.sync_threads()                # every column at its slot
+            for r in cutlass.range_constexpr(E):
+                self.order_run(sel_u, sel_c, tid * E + r, ka[r])
+            cute.arch.sync_threads()                # runs ordered before the output loop
+        return too_long
+
+    @cute.jit
+    def orient(self, ka, tid, size: cutlass.Constexpr):
+        """Invert (~ks) the keys of the ascending segments of merge phase `size` (element i ascends when i & size),
+        so that every compare-exchange of the phase is descending; applied again after the phase to undo it."""
+        E = self.P // NT
+        if cutlass.const_expr(size < self.P):
+            for r in cutlass.range_constexpr(E):
+                flip = ((tid * E + r) & size) != 0
+                ka[r] = ka[r] ^ Int32(cutlass.select_(flip, Int32(-1), Int32(0)))
+
+    @cute.jit
+    def order_run(self, sel_u, sel_c, i, v):
+        """If slot i starts a run of equal keys (sorted key v = sel_u[i], not padding): sort the run's columns
+        sel_c[i : i + g] ascending (g <= GROUP_MAX: odd-even transposition over GROUP_MAX registers)."""
+        P = self.P
+        prev = sel_u[cutlass.max(i - 1, 0)]
+        nxt = sel_u[cutlass.min(i + 1, P - 1)]
+        starts = v != Int32(SIGN) and i + 1 < P and nxt == v and (i == 0 or prev != v)
+        if starts:
+            g = Int32(1)
+            for j in cutlass.range_constexpr(1, GROUP_MAX):
+                same = i + j < P and sel_u[cutlass.min(i + j, P - 1)] == v
+                g = g + Int32(cutlass.select_(same, Int32(1), Int32(0)))
+            c = cute.make_rmem_tensor((GROUP_MAX,), Int32)
+            for j in cutlass.range_constexpr(GROUP_MAX):
+                c[j] = Int32(2147483647)
+                if j < g:
+                    c[j] = sel_c[i + j]
+            for rnd in cutlass.range_constexpr(GROUP_MAX):
+                for j in cutlass.range_constexpr(rnd % 2, GROUP_MAX - 1, 2):
+                    lo = cutlass.min(c[j], c[j + 1])
+                    c[j + 1] = cutlass.max(c[j], c[j + 1])
+                    c[j] = lo
+            for j in cutlass.range_constexpr(GROUP_MAX):
+                if j < g:
+                    sel_c[i + j] = c[j]
+
+    # ---------------------------------------------------------------------------------------------- "regs"
+    @cute.jit
+    def before(self, ua, ca, ub, cb):
+        """(ua, ca) sorts before (ub, cb): larger key first, then lower column."""
+        ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
+        return ka > kb or (ka == kb and ca < cb)
+
+    @cute.jit
+    def bitonic_regs(self, sel_u, sel_c, tid):
+        """The bitonic network of bitonic() on (key, column) pairs, E = P / NT elements a thread in registers
+        (element i = tid * E + r): partners closer than E are in the thread, closer than 32 E a shuffle away,
+        farther ones exchanged through shared memory (write own, barrier, read partner, barrier): 10 barrier stages
+        at P = 2048 instead of 66. A pair (lo, hi) of a descending segment keeps the element that sorts first at
+        lo; each thread keeps, of itself and its partner, the one its position wants. Ends with the sorted pairs in
+        sel_u / sel_c and a barrier."""
+        P = self.P
+        E = P // NT
+        ru = cute.make_rmem_tensor((E,), Int32)
+        rc = cute.make_rmem_tensor((E,), Int32)
+        for r in cutlass.range_constexpr(E):
+            ru[r] = sel_u[tid * E + r]
+            rc[r] = sel_c[tid * E + r]
+        size = 2
+        for _ in cutlass.range_constexpr(P.bit_length() - 1):
+            stride = size // 2
+            for _s in cutlass.range_constexpr(size.bit_length() - 1):
+                if cutlass.const_expr(stride < E):
+                    for r in cutlass.range_constexpr(E):
+                        j = r ^ stride
+                        if cutlass.const_expr(j > r):
+                            desc = ((tid * E + r) & size) == 0
+                            ua, ub, ca, cb = ru[r], ru[j], rc[r], rc[j]
+                            swap = self.before(ua, ca, ub, cb) != desc
+                            ru[r] = Int32(cutlass.select_(swap, ub, ua))
+                            ru[j] = Int32(cutlass.select_(swap, ua, ub))
+                            rc[r] = Int32(cutlass.select_(swap, cb, ca))
+                            rc[j] = Int32(cutlass.select_(swap, ca, cb))
+                else:
+                    m = stride // E
+                    ou = cute.make_rmem_tensor((E,), Int32)
+                    oc = cute.make_rmem_tensor((E,), Int32)
+                    if cutlass.const_expr(m < 32):
+                        for r in cutlass.range_constexpr(E):
+                            ou[r] = cute.arch.shuffle_sync_bfly(ru[r], offset=m)
+                            oc[r] = cute.arch.shuffle_sync_bfly(rc[r], offset=m)
+                    else:
+                        for r in cutlass.range_constexpr(E):
+                            sel_u[tid * E + r] = ru[r]
+                            sel_c[tid * E + r] = rc[r]
+                        cute.arch.sync_threads()            # every thread's elements written
+                        for r in cutlass.range_constexpr(E):
+                            ou[r] = sel_u[(tid ^ m) * E + r]
+                            oc[r] = sel_c[(tid ^ m) * E + r]
+                        cute.arch.sync_threads()            # every partner read before the next write
+                    for r in cutlass.range_constexpr(E):
+                        i = tid * E + r
+                        want_first = ((i & stride) == 0) == ((i & size) == 0)
+                        take = self.before(ru[r], rc[r], ou[r], oc[r]) != want_first
+                        ru[r] = Int32(cutlass.select_(take, ou[r], ru[r]))
+                        rc[r] = Int32(cutlass.select_(take, oc[r], rc[r]))
+                stride = stride // 2
+            size = size * 2
+        for r in cutlass.range_constexpr(E):
+            sel_u[tid * E + r] = ru[r]
+            sel_c[tid * E + r] = rc[r]
+        cute.arch.sync_threads()                    # the sorted selection complete before the output loop
+
+    # ---------------------------------------------------------------------------------------------- "smem"
+    @cute.jit
+    def bitonic(self, sel_u, sel_c, tid):
+        """The bitonic network in shared memory, one barrier a stage."""
+        P = self.P
+        size = 2
+        for _ in cutlass.range_constexpr(P.bit_length() - 1):
+            stride = size // 2
+            for _s in cutlass.range_constexpr(size.bit_length() - 1):
+                for i in cutlass.range(tid, P // 2, NT, unroll=1):
+                    lo = 2 * i - (i & (stride - 1))
+                    hi = lo + stride
+                    desc = (lo & size) == 0
+                    ua, ub = sel_u[lo], sel_u[hi]
+                    ca, cb = sel_c[lo], sel_c[hi]
+                    ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
+                    a_first = ka > kb or (ka == kb and ca < cb)
+                    if a_first != desc:
+                        sel_u[lo] = ub
+                        sel_u[hi] = ua
+                        sel_c[lo] = cb
+                        sel_c[hi] = ca
+                cute.arch.sync_threads()
+                stride = stride // 2
+            size = size * 2
