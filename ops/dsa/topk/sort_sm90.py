@@ -173,9 +173,11 @@ class SelectionSort:
                 g = g + Int32(cutlass.select_(same, Int32(1), Int32(0)))
             c = cute.make_rmem_tensor((GROUP_MAX,), Int32)
             for j in cutlass.range_constexpr(GROUP_MAX):
-                c[j] = Int32(2147483647)
-                if j < g:
-                    c[j] = sel_c[i + j]
+                # the index is clamped into the run: a guarded load of sel_c[i + j] was turned by ptxas into an
+                # unguarded vector load reaching past the run, into slots another run's thread writes (racecheck,
+                # 2026-12-05; the values were discarded, but the read raced)
+                cj = sel_c[i + cutlass.min(Int32(j), g - 1)]
+                c[j] = Int32(cutlass.select_(j < g, cj, Int32(2147483647)))
             for rnd in cutlass.range_constexpr(GROUP_MAX):
                 for j in cutlass.range_constexpr(rnd % 2, GROUP_MAX - 1, 2):
                     lo = cutlass.min(c[j], c[j + 1])
