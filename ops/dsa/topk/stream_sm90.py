@@ -45,7 +45,11 @@ instead of 2048: 2.50 ms (so the sort of 2048 is ~1.8 ms of the 4.33); causal sc
 top-k: 1.76 ms in the same session (bench/dsa_indexer.py). Tried: the bitonic network on packed 64-bit (key, column)
 values, one compare a pair: correct, but 4.85 ms against 4.33 (17:33 UTC), not kept. Next: fewer instructions per
 key in pass B, a sort with fewer stages than the 66 of a bitonic network of 2048, and the top-k fused into the
-indexer's epilogue.
+indexer's epilogue. 2026-12-05: the selection is ordered by sort_sm90's "key" sort (a key-only network, slots by rank):
+3.77 ms (4.23 with the pair network, same run), top-k alone 3.71 ms against cuDNN's 1.78 in bench/dsa_indexer.py.
+ncu (8192 rows, 03:41, perf/topk_key_sort_ncu_2026-12-05T0341.txt): L1 / shared-memory pipe 80 % busy (the top unit),
+DRAM 22 %, SM 68 %, 76 K warp instructions a row: the pass-0 histogram atomics, the appends and the sort's
+shared-memory traffic, not the score reads, set the pace.
 """
 import cutlass
 import cutlass.cute as cute
