@@ -167,7 +167,7 @@ class SelectionSort:
     @cute.jit
     def order_run(self, sel_u, sel_c, i, v):
         """If slot i starts a run of equal keys (sorted key v = sel_u[i], not padding): sort the run's columns
-        sel_c[i : i + g] ascending (g <= GROUP_MAX: odd-even transposition over GROUP_MAX registers)."""
+        sel_c[i : i + g] ascending (g <= GROUP_MAX), in place."""
         P = self.P
         prev = sel_u[cutlass.max(i - 1, 0)]
         nxt = sel_u[cutlass.min(i + 1, P - 1)]
@@ -177,21 +177,19 @@ class SelectionSort:
             for j in cutlass.range_constexpr(1, GROUP_MAX):
                 same = i + j < P and sel_u[cutlass.min(i + j, P - 1)] == v
                 g = g + Int32(cutlass.select_(same, Int32(1), Int32(0)))
-            c = cute.make_rmem_tensor((GROUP_MAX,), Int32)
-            for j in cutlass.range_constexpr(GROUP_MAX):
-                # the index is clamped into the run: a guarded load of sel_c[i + j] was turned by ptxas into an
-                # unguarded vector load reaching past the run, into slots another run's thread writes (racecheck,
-                # 2026-12-05; the values were discarded, but the read raced)
-                cj = sel_c[i + cutlass.min(Int32(j), g - 1)]
-                c[j] = Int32(cutlass.select_(j < g, cj, Int32(2147483647)))
-            for rnd in cutlass.range_constexpr(GROUP_MAX):
-                for j in cutlass.range_constexpr(rnd % 2, GROUP_MAX - 1, 2):
-                    lo = cutlass.min(c[j], c[j + 1])
-                    c[j + 1] = cutlass.max(c[j], c[j + 1])
-                    c[j] = lo
-            for j in cutlass.range_constexpr(GROUP_MAX):
-                if j < g:
-                    sel_c[i + j] = c[j]
+            # insertion sort in place; every index is clamped into the run [i, i + g): ptxas turns guarded loads
+            # into unguarded (vector) ones, and a load past the run would race with the next run's thread
+            # (racecheck, 2026-12-05)
+            for a in cutlass.range_constexpr(1, GROUP_MAX):
+                if a < g:
+                    x = sel_c[i + cutlass.min(Int32(a), g - 1)]
+                    pos = Int32(a)
+                    for b in cutlass.range_constexpr(a - 1, -1, -1):
+                        y = sel_c[i + cutlass.min(Int32(b), g - 1)]
+                        if y > x:                   # the sorted prefix's larger columns move up one slot
+                            sel_c[i + b + 1] = y
+                            pos = Int32(b)
+                    sel_c[i + pos] = x
 
     # ---------------------------------------------------------------------------------------------- "regs"
     @cute.jit
