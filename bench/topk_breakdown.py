@@ -49,24 +49,17 @@ def main(a):
         topk_fwd(s, out, stream=st)
         torch.cuda.synchronize()
         return
-    from ops.dsa.topk import fwd, sort_sm90, stream_sm90
+    from ops.dsa.topk import fwd, sort_sm90
     for stream in ((True,) if a.no_cached else (True, False)):
         fwd.STREAM = stream
         for sort in a.sorts.split(","):
-            for hc in [int(x) for x in a.hist_copies.split(",")]:
-                sort_sm90.SelectionSort.SORT = sort
-                stream_sm90.TopkStreamSm90.HIST_COPIES = hc
-                fwd._CACHE.clear()
-                for name, s, k in cases:
-                    out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-                    t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-                    tag = f" {sort} h{hc}" + (" stream" if stream else " cached")
-                    print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
-
-
-def stream_default_copies():
-    from ops.dsa.topk import stream_sm90
-    return stream_sm90.TopkStreamSm90.HIST_COPIES
+            sort_sm90.SelectionSort.SORT = sort
+            fwd._CACHE.clear()
+            for name, s, k in cases:
+                out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+                t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+                tag = f" {sort}" + (" stream" if stream else " cached")
+                print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
 def sweep(cases, R, st):
@@ -94,8 +87,6 @@ if __name__ == "__main__":
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--sorts", default="key", help="comma list of sort_sm90.SelectionSort.SORT values to time")
     p.add_argument("--no-cached", action="store_true", help="only the streaming kernel")
-    p.add_argument("--hist-copies", default=str(stream_default_copies()),
-                   help="comma list of stream_sm90.TopkStreamSm90.HIST_COPIES values to time")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
     main(p.parse_args())

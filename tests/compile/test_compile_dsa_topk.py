@@ -43,14 +43,12 @@ def test_topk_ptx(tmp_path, stream):
         assert "ld.global.v4" in text and f".minnctapersm {TopkStreamSm90.MIN_BLOCKS}" in text
 
 
-@pytest.mark.parametrize("u,mb,hc", [(4, 2, 2), (1, 4, 2), (8, 1, 2), (2, 3, 1)])
-def test_compile_stream_launch_shapes(monkeypatch, u, mb, hc):
-    """The streaming kernel's other launch shapes (bench/topk_breakdown.py --sweep) and histogram copies
-    (--hist-copies) compile."""
+@pytest.mark.parametrize("u,mb", [(4, 2), (1, 4), (8, 1)])
+def test_compile_stream_launch_shapes(monkeypatch, u, mb):
+    """The streaming kernel's other launch shapes (bench/topk_breakdown.py --sweep) compile."""
     from ops.dsa.topk import stream_sm90
     monkeypatch.setattr(stream_sm90.TopkStreamSm90, "U", u)
     monkeypatch.setattr(stream_sm90.TopkStreamSm90, "MIN_BLOCKS", mb)
-    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "HIST_COPIES", hc)
     monkeypatch.setattr(fwd, "_CACHE", {})
     assert fwd.compile_variant(fwd.variant_key(2048, True, True, True)) is not None
 

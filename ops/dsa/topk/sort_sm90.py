@@ -31,7 +31,10 @@ against "regs" 4.23 (randn), 3.57 / 4.04 (causal), 2.09 / 2.37 (W 4K); rows whos
 GROUP_MAX (randn x 4000 rounded) 6.13 / 6.09 (the fallback sorts twice). k 64: 2.37 ms, so the ordering of 2048 now
 costs ~1.4 ms (was ~1.9). The first run found a race: a run's guarded loads of sel_c were merged by ptxas into one
 unguarded 128-bit load reaching into the next run's slots; the index is now clamped into the run (order_run).
-The index logic is also checked on the CPU by a NumPy emulation (tests/test_topk_key_sort.py).
+The index logic is also checked on the CPU by a NumPy emulation (tests/test_topk_key_sort.py). The run sort then
+moved in place (insertion with clamped indices, no register array: the (lengths, rank 3) variant had spilled 8
+bytes): test_dsa_topk 79 passed, racecheck / memcheck clean (H200 04:25, perf/topk_hist_copies_2026-12-05T0425.txt;
+that tree's streaming kernel had two histogram copies, since removed: the final PTX equals that tree's with one).
 """
 import cutlass
 import cutlass.cute as cute

@@ -49,7 +49,9 @@ indexer's epilogue. 2026-12-05: the selection is ordered by sort_sm90's "key" so
 3.77 ms (4.23 with the pair network, same run), top-k alone 3.71 ms against cuDNN's 1.78 in bench/dsa_indexer.py.
 ncu (8192 rows, 03:41, perf/topk_key_sort_ncu_2026-12-05T0341.txt): L1 / shared-memory pipe 80 % busy (the top unit),
 DRAM 22 %, SM 68 %, 76 K warp instructions a row: the pass-0 histogram atomics, the appends and the sort's
-shared-memory traffic, not the score reads, set the pace.
+shared-memory traffic, not the score reads, set the pace. Tried (04:25, perf/topk_hist_copies_2026-12-05T0425.txt):
+two interleaved pass-0 histogram copies (lane % 2; lanes adding to one bin split over two banks; 64 KiB of shared
+memory): correct (test_dsa_topk 79 passed, racecheck / memcheck clean) but 3.79 ms against 3.72 with one, not kept.
 """
 import cutlass
 import cutlass.cute as cute
@@ -66,8 +68,6 @@ class TopkStreamSm90(TopkSm90):
 
     U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (4096 at U = 2)
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of shared memory)
-    HIST_COPIES = 2              # pass-0 histogram copies, interleaved (bin d of copy c at d * C + c, c = lane % C):
-                                 # lanes adding to one bin of a warp's atomic split over C banks
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
@@ -79,7 +79,7 @@ class TopkStreamSm90(TopkSm90):
             sel_c: cute.struct.MemRange[Int32, P]
             cand_u: cute.struct.MemRange[Int32, CAND]
             cand_c: cute.struct.MemRange[Int32, CAND]
-            hist: cute.struct.MemRange[Int32, BINS0 * self.HIST_COPIES]
+            hist: cute.struct.MemRange[Int32, BINS0]
             part: cute.struct.MemRange[Int32, NT // 32]
             misc: cute.struct.MemRange[Int32, 8]
 
@@ -100,8 +100,7 @@ class TopkStreamSm90(TopkSm90):
         sel_c = st.sel_c.get_tensor(cute.make_layout(P))
         cand_u = st.cand_u.get_tensor(cute.make_layout(CAND))
         cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
-        C = self.HIST_COPIES
-        hist = st.hist.get_tensor(cute.make_layout(BINS0 * C))
+        hist = st.hist.get_tensor(cute.make_layout(BINS0))
         part = st.part.get_tensor(cute.make_layout(NT // 32))
         # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
         misc = st.misc.get_tensor(cute.make_layout(8))
@@ -112,7 +111,7 @@ class TopkStreamSm90(TopkSm90):
         # ---- A. keys, selectable count, pass-0 histogram
         if tid < 8:
             misc[tid] = Int32(0)
-        for i in cutlass.range_constexpr(BINS0 * C // NT):
+        for i in cutlass.range_constexpr(BINS0 // NT):
             hist[tid + NT * i] = Int32(0)
         cute.arch.sync_threads()                    # hist and misc zeroed
         n_ok = Int32(0)
@@ -121,24 +120,10 @@ class TopkStreamSm90(TopkSm90):
             for e in cutlass.range_constexpr(self.U * V):
                 dg = (ku[e] >> SHIFT0) & (BINS0 - 1)
                 if dg >= 4 and dg < BINS0 - 4:      # finite_key
-                    if cutlass.const_expr(C == 1):
-                        cute.arch.atomic_add(hist.iterator + dg, Int32(1))
-                    else:
-                        cute.arch.atomic_add(hist.iterator + (dg * C + lane % C), Int32(1))
+                    cute.arch.atomic_add(hist.iterator + dg, Int32(1))
         cute.arch.sync_threads()                    # every key counted before anyone sums
-        if cutlass.const_expr(C == 1):
-            for i in cutlass.range_constexpr(BINS0 // NT):
-                n_ok += hist[tid * (BINS0 // NT) + i]
-        else:
-            # the copies summed into cand_u (free until pass B's appends, which follow pick_digit and a barrier);
-            # pick_digit reads it after the barrier below
-            for i in cutlass.range_constexpr(BINS0 // NT):
-                d = tid * (BINS0 // NT) + i
-                m = Int32(0)
-                for c in cutlass.range_constexpr(C):
-                    m = m + hist[d * C + c]
-                cand_u[d] = m
-                n_ok += m
+        for i in cutlass.range_constexpr(BINS0 // NT):
+            n_ok += hist[tid * (BINS0 // NT) + i]
         n_ok = self.warp_sum(n_ok)
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
@@ -152,7 +137,7 @@ class TopkStreamSm90(TopkSm90):
         eq = Int32(0)
         use_cand = False
         if not take_all:
-            self.pick_digit(hist if cutlass.const_expr(C == 1) else cand_u, part, misc, k, BINS0, tid, lane, warp)
+            self.pick_digit(hist, part, misc, k, BINS0, tid, lane, warp)
             cute.arch.sync_threads()
             d0 = misc[1]
             prefix = d0 << SHIFT0
