@@ -45,6 +45,11 @@ SIGN = -2147483648           # 0x80000000 as int32
 GROUP_MAX = 8                # longest run of equal keys the "key" sort orders in place; a longer one -> "regs"
 
 
+def network_stages(p):
+    """The bitonic network of p elements in stage order: (merge size, stride) pairs."""
+    return [(1 << a, 1 << b) for a in range(1, p.bit_length()) for b in range(a - 1, -1, -1)]
+
+
 class SelectionSort:
     """Mixin: needs self.P (padded k)."""
 
@@ -91,37 +96,24 @@ class SelectionSort:
             ka[r] = sel_u[tid * E + r] ^ Int32(SIGN)
             k0[r] = ka[r]
             cc[r] = sel_c[tid * E + r]
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            self.orient(ka, tid, size)
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                if cutlass.const_expr(stride < E):
-                    for r in cutlass.range_constexpr(E):
-                        j = r ^ stride
-                        if cutlass.const_expr(j > r):
-                            hi = cutlass.max(ka[r], ka[j])
-                            ka[j] = cutlass.min(ka[r], ka[j])
-                            ka[r] = hi
-                else:
-                    m = stride // E
-                    o = cute.make_rmem_tensor((E,), Int32)
-                    if cutlass.const_expr(m < 32):
-                        for r in cutlass.range_constexpr(E):
-                            o[r] = cute.arch.shuffle_sync_bfly(ka[r], offset=m)
-                    else:
-                        for r in cutlass.range_constexpr(E):
-                            sel_u[tid * E + r] = ka[r]
-                        cute.arch.sync_threads()            # every thread's keys written
-                        for r in cutlass.range_constexpr(E):
-                            o[r] = sel_u[(tid ^ m) * E + r]
-                        cute.arch.sync_threads()            # every partner read before the next write
-                    lower = (tid & m) == 0                  # the lower slot of a descending pair keeps the max
-                    for r in cutlass.range_constexpr(E):
-                        ka[r] = Int32(cutlass.select_(lower, cutlass.max(ka[r], o[r]), cutlass.min(ka[r], o[r])))
-                stride = stride // 2
-            self.orient(ka, tid, size)
-            size = size * 2
+        for size, stride in network_stages(P):
+            if cutlass.const_expr(stride == size // 2):
+                self.orient(ka, tid, size)          # a merge phase begins
+            if cutlass.const_expr(stride < E):
+                for r in cutlass.range_constexpr(E):
+                    j = r ^ stride
+                    if cutlass.const_expr(j > r):
+                        hi = cutlass.max(ka[r], ka[j])
+                        ka[j] = cutlass.min(ka[r], ka[j])
+                        ka[r] = hi
+            else:
+                m = stride // E
+                o, = self.partners((ka,), (sel_u,), tid, m)
+                lower = (tid & m) == 0              # the lower slot of a descending pair keeps the max
+                for r in cutlass.range_constexpr(E):
+                    ka[r] = Int32(cutlass.select_(lower, cutlass.max(ka[r], o[r]), cutlass.min(ka[r], o[r])))
+            if cutlass.const_expr(stride == 1):
+                self.orient(ka, tid, size)          # the phase ends
         for r in cutlass.range_constexpr(E):
             sel_u[tid * E + r] = ka[r]
             cnt[tid * E + r] = Int32(0)
@@ -156,6 +148,28 @@ class SelectionSort:
                 self.order_run(sel_u, sel_c, tid * E + r, ka[r])
             cute.arch.sync_threads()                # runs ordered before the output loop
         return too_long
+
+    @cute.jit
+    def partners(self, vals, bufs, tid, m: cutlass.Constexpr):
+        """For each register array of vals (E = P / NT a thread, element tid * E + r), the same registers of thread
+        tid ^ m: a shuffle when m < 32, else through the shared buffer of bufs at the same position (write own,
+        barrier, read partner, barrier)."""
+        E = self.P // NT
+        outs = tuple(cute.make_rmem_tensor((E,), Int32) for _ in vals)
+        if cutlass.const_expr(m < 32):
+            for r in cutlass.range_constexpr(E):
+                for a in cutlass.range_constexpr(len(vals)):
+                    outs[a][r] = cute.arch.shuffle_sync_bfly(vals[a][r], offset=m)
+        else:
+            for r in cutlass.range_constexpr(E):
+                for a in cutlass.range_constexpr(len(vals)):
+                    bufs[a][tid * E + r] = vals[a][r]
+            cute.arch.sync_threads()                # every thread's elements written
+            for r in cutlass.range_constexpr(E):
+                for a in cutlass.range_constexpr(len(vals)):
+                    outs[a][r] = bufs[a][(tid ^ m) * E + r]
+            cute.arch.sync_threads()                # every partner read before the next write
+        return outs
 
     @cute.jit
     def orient(self, ka, tid, size: cutlass.Constexpr):
@@ -216,46 +230,26 @@ class SelectionSort:
         for r in cutlass.range_constexpr(E):
             ru[r] = sel_u[tid * E + r]
             rc[r] = sel_c[tid * E + r]
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                if cutlass.const_expr(stride < E):
-                    for r in cutlass.range_constexpr(E):
-                        j = r ^ stride
-                        if cutlass.const_expr(j > r):
-                            desc = ((tid * E + r) & size) == 0
-                            ua, ub, ca, cb = ru[r], ru[j], rc[r], rc[j]
-                            swap = self.before(ua, ca, ub, cb) != desc
-                            ru[r] = Int32(cutlass.select_(swap, ub, ua))
-                            ru[j] = Int32(cutlass.select_(swap, ua, ub))
-                            rc[r] = Int32(cutlass.select_(swap, cb, ca))
-                            rc[j] = Int32(cutlass.select_(swap, ca, cb))
-                else:
-                    m = stride // E
-                    ou = cute.make_rmem_tensor((E,), Int32)
-                    oc = cute.make_rmem_tensor((E,), Int32)
-                    if cutlass.const_expr(m < 32):
-                        for r in cutlass.range_constexpr(E):
-                            ou[r] = cute.arch.shuffle_sync_bfly(ru[r], offset=m)
-                            oc[r] = cute.arch.shuffle_sync_bfly(rc[r], offset=m)
-                    else:
-                        for r in cutlass.range_constexpr(E):
-                            sel_u[tid * E + r] = ru[r]
-                            sel_c[tid * E + r] = rc[r]
-                        cute.arch.sync_threads()            # every thread's elements written
-                        for r in cutlass.range_constexpr(E):
-                            ou[r] = sel_u[(tid ^ m) * E + r]
-                            oc[r] = sel_c[(tid ^ m) * E + r]
-                        cute.arch.sync_threads()            # every partner read before the next write
-                    for r in cutlass.range_constexpr(E):
-                        i = tid * E + r
-                        want_first = ((i & stride) == 0) == ((i & size) == 0)
-                        take = self.before(ru[r], rc[r], ou[r], oc[r]) != want_first
-                        ru[r] = Int32(cutlass.select_(take, ou[r], ru[r]))
-                        rc[r] = Int32(cutlass.select_(take, oc[r], rc[r]))
-                stride = stride // 2
-            size = size * 2
+        for size, stride in network_stages(P):
+            if cutlass.const_expr(stride < E):
+                for r in cutlass.range_constexpr(E):
+                    j = r ^ stride
+                    if cutlass.const_expr(j > r):
+                        desc = ((tid * E + r) & size) == 0
+                        ua, ub, ca, cb = ru[r], ru[j], rc[r], rc[j]
+                        swap = self.before(ua, ca, ub, cb) != desc
+                        ru[r] = Int32(cutlass.select_(swap, ub, ua))
+                        ru[j] = Int32(cutlass.select_(swap, ua, ub))
+                        rc[r] = Int32(cutlass.select_(swap, cb, ca))
+                        rc[j] = Int32(cutlass.select_(swap, ca, cb))
+            else:
+                ou, oc = self.partners((ru, rc), (sel_u, sel_c), tid, stride // E)
+                for r in cutlass.range_constexpr(E):
+                    i = tid * E + r
+                    want_first = ((i & stride) == 0) == ((i & size) == 0)
+                    take = self.before(ru[r], rc[r], ou[r], oc[r]) != want_first
+                    ru[r] = Int32(cutlass.select_(take, ou[r], ru[r]))
+                    rc[r] = Int32(cutlass.select_(take, oc[r], rc[r]))
         for r in cutlass.range_constexpr(E):
             sel_u[tid * E + r] = ru[r]
             sel_c[tid * E + r] = rc[r]
@@ -266,23 +260,16 @@ class SelectionSort:
     def bitonic(self, sel_u, sel_c, tid):
         """The bitonic network in shared memory, one barrier a stage."""
         P = self.P
-        size = 2
-        for _ in cutlass.range_constexpr(P.bit_length() - 1):
-            stride = size // 2
-            for _s in cutlass.range_constexpr(size.bit_length() - 1):
-                for i in cutlass.range(tid, P // 2, NT, unroll=1):
-                    lo = 2 * i - (i & (stride - 1))
-                    hi = lo + stride
-                    desc = (lo & size) == 0
-                    ua, ub = sel_u[lo], sel_u[hi]
-                    ca, cb = sel_c[lo], sel_c[hi]
-                    ka, kb = ua ^ Int32(SIGN), ub ^ Int32(SIGN)
-                    a_first = ka > kb or (ka == kb and ca < cb)
-                    if a_first != desc:
-                        sel_u[lo] = ub
-                        sel_u[hi] = ua
-                        sel_c[lo] = cb
-                        sel_c[hi] = ca
-                cute.arch.sync_threads()
-                stride = stride // 2
-            size = size * 2
+        for size, stride in network_stages(P):
+            for i in cutlass.range(tid, P // 2, NT, unroll=1):
+                lo = 2 * i - (i & (stride - 1))
+                hi = lo + stride
+                desc = (lo & size) == 0
+                ua, ub = sel_u[lo], sel_u[hi]
+                ca, cb = sel_c[lo], sel_c[hi]
+                if self.before(ua, ca, ub, cb) != desc:
+                    sel_u[lo] = ub
+                    sel_u[hi] = ua
+                    sel_c[lo] = cb
+                    sel_c[hi] = ca
+            cute.arch.sync_threads()
