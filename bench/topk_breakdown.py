@@ -7,11 +7,12 @@ inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k reg
 
 Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "key": a key-only network and slots by
 rank); --sorts key,regs,smem times every row with each (regs: the (key, column) pair network in registers /
-shuffles, the default until 2026-12-05; smem: the pair network in shared memory). Every row runs on the streaming kernel
+shuffles, the default until 2026-12-05; smem: the pair network in shared memory); --column adds order="column" (the
+selection in ascending column order through a bitmap, no sort). Every row runs on the streaming kernel
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached]
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column]
 """
 import argparse
 import os
@@ -52,13 +53,13 @@ def main(a):
     from ops.dsa.topk import fwd, sort_sm90
     for stream in ((True,) if a.no_cached else (True, False)):
         fwd.STREAM = stream
-        for sort in a.sorts.split(","):
+        for sort, order in [(x, "score") for x in a.sorts.split(",")] + [("key", "column")] * a.column:
             sort_sm90.SelectionSort.SORT = sort
             fwd._CACHE.clear()
             for name, s, k in cases:
                 out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-                t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
-                tag = f" {sort}" + (" stream" if stream else " cached")
+                t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), 5)
+                tag = (f" {sort}" if order == "score" else " by column") + (" stream" if stream else " cached")
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
@@ -87,6 +88,7 @@ if __name__ == "__main__":
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--sorts", default="key", help="comma list of sort_sm90.SelectionSort.SORT values to time")
     p.add_argument("--no-cached", action="store_true", help="only the streaming kernel")
+    p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
     main(p.parse_args())

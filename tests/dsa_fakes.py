@@ -123,13 +123,15 @@ class FakeKernels:
         if lse is not None:
             _put(lse, l)
 
-    def topk_fwd(self, scores, out, *, lengths=None, stream=0):
+    def topk_fwd(self, scores, out, *, lengths=None, order="score", stream=0):
         self.calls.append(("topk", stream))
         s, ln = read(scores), read(lengths)
         k = read(out).shape[-1]
         rows = int(np.prod(s.shape[:-1]))
         assert rows > 0 and s.shape[-1] > 0, "the real seam refuses an empty problem"
         idx = ref_topk.topk(s.reshape([rows, s.shape[-1]]), k, None if ln is None else ln.reshape([rows]))
+        if order == "column":
+            idx = ref_topk.by_column(idx)
         write(out, idx.reshape(read(out).shape))
 
     def _slots(self, name, q, k, topk_indices, topk_length, cu_q, cu_k, stream):

@@ -141,6 +141,32 @@ def test_indexer_topk_large_k_sorted():
     assert (np.diff(vals, axis=-1) <= 0).all()
 
 
+@pytest.mark.parametrize("k", [1, 5, 13, 40])
+def test_indexer_topk_unsorted_is_column_order(k):
+    """sorted=False: exactly the columns of the sorted call, in ascending column order, -1 padding last."""
+    rng = np.random.default_rng(10 + k)
+    b, sq, sk = 2, 5, 17
+    s = rng.standard_normal((b, sq, sk)).astype(np.float32)
+    s[rng.random(s.shape) < 0.3] = -np.inf
+    s[1, 0, :] = 3.0                                    # one key for the whole row: the lowest k columns
+    s[0, 4, :] = -np.inf                                # nothing selectable
+    lengths = rng.integers(0, sk + 2, (b, sq)).astype(np.int32)
+    for ln in (None, pd(lengths, "int32")):
+        by_score = P.indexer_topk(pd(s, "float32"), k, lengths=ln).numpy()
+        got = P.indexer_topk(pd(s, "float32"), k, lengths=ln, sorted=False)
+        assert got.dtype == paddle.int32 and list(got.shape) == [b, sq, k]
+        got = got.numpy()
+        for row_s, row_g in zip(by_score.reshape(-1, k), got.reshape(-1, k)):
+            n = int((row_s >= 0).sum())
+            assert (row_g[n:] == -1).all() and (row_g[:n] >= 0).all()
+            np.testing.assert_array_equal(row_g[:n], np.sort(row_s[:n]))
+        assert (got[0, 4] == -1).all()
+        if ln is None:
+            np.testing.assert_array_equal(got[1, 0, :min(k, sk)], np.arange(min(k, sk)))
+    thd = P.indexer_topk(pd(s.reshape(-1, sk), "float32"), k, sorted=False).numpy()
+    np.testing.assert_array_equal(thd, P.indexer_topk(pd(s, "float32"), k, sorted=False).numpy().reshape(-1, k))
+
+
 def test_topk_feeds_sparse_attention_consistently():
     """indexer_score -> indexer_topk gives, per row, exactly the causally visible keys when k >= Sk."""
     rng = np.random.default_rng(3)

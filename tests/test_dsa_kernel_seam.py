@@ -134,6 +134,15 @@ def test_topk(rng, fake, monkeypatch):
     same(idx, reference(monkeypatch, P.indexer_topk, s, 20, lengths=lengths))
 
 
+def test_topk_unsorted(rng, fake, monkeypatch):
+    """sorted=False on a GPU place: the score-ordered kernel, reordered by column on the Paddle side."""
+    s = f32(rng, [2, 7, 50])
+    lengths = i32(rng.integers(-2, 60, (2, 7)))
+    idx = P.indexer_topk(s, 20, lengths=lengths, sorted=False)
+    assert fake.calls == [("topk", STREAM)] and idx.dtype == paddle.int32
+    same(idx, reference(monkeypatch, P.indexer_topk, s, 20, lengths=lengths, sorted=False))
+
+
 def test_topk_beyond_kernel_k_uses_reference(rng, fake):
     s = f32(rng, [3, supported.TOPK_MAX_K + 10])
     with pytest.warns(UserWarning, match=f"k = {supported.TOPK_MAX_K + 1} > {supported.TOPK_MAX_K}.*reference path"):

@@ -99,6 +99,7 @@ def test_topk_errors():
     expect(TypeError, "scores.*dtype int32", P.indexer_topk, I32(np.zeros((2, 3))), 1)
     expect(ValueError, "k.*>= 1", P.indexer_topk, SC, 0)
     expect(TypeError, "k.*int", P.indexer_topk, SC, 2.5)
+    expect(TypeError, "sorted.*bool", P.indexer_topk, SC, 2, sorted="yes")
     expect(ValueError, "lengths.*shape \\[1, 3\\]", P.indexer_topk, SC, 2, lengths=I32(np.zeros((1, 4))))
     expect(TypeError, "lengths.*dtype int64", P.indexer_topk, SC, 2, lengths=I32(np.zeros((1, 3)), "int64"))
 

@@ -3,8 +3,9 @@
 segments, the thread / register / shuffle / shared-memory mapping (E = P / 512 keys a thread), the slot of each pair
 by a binary search of the sorted keys, equal-key runs placed by an atomic count in any arrival order and then
 ordered by column, the fallback for runs longer than GROUP_MAX. The emulation must give the stable sort's order
-(descending key, ties lower column first, padding last); mutations of the rule must not. The kernel itself runs in
-tests/gpu/test_dsa_topk.py."""
+(descending key, ties lower column first, padding last); mutations of the rule must not. Also the column order
+(SelectionSort.columns_by_bitmap: a bit a column, each thread's words counted, a CTA scan, the set bits written in
+order; wider rows: the same sorts on keys ~column). The kernel itself runs in tests/gpu/test_dsa_topk.py."""
 import numpy as np
 import pytest
 
@@ -140,3 +141,44 @@ def test_mutations_fail(mutation):
     keys, cols = draw(rng, P, P, "distinct" if mutation == "no_orient" else "pairs")
     out = key_sort(keys, cols, P, rng, orient=mutation != "no_orient", order_runs=mutation != "no_run_order")
     assert out is not None and not np.array_equal(out, reference(keys, cols, P))
+
+
+def bitmap_columns(cols, width):
+    """Emulation of columns_by_bitmap: NT threads, thread t owns words [t wpt, (t + 1) wpt)."""
+    nw = (width + 31) // 32
+    wpt = (nw + NT - 1) // NT
+    bits = np.zeros(max(nw, 1), dtype=np.uint64)
+    for c in cols:
+        bits[c >> 5] |= np.uint64(1) << np.uint64(c & 31)
+    counts = [sum(bin(int(bits[w])).count("1") for w in range(t * wpt, min((t + 1) * wpt, nw))) for t in range(NT)]
+    base = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    out = np.full(len(cols), -7, dtype=np.int64)
+    for t in range(NT):
+        pos = base[t]
+        for w in range(t * wpt, min((t + 1) * wpt, nw)):
+            for b in range(32):
+                if (int(bits[w]) >> b) & 1:
+                    out[pos] = w * 32 + b
+                    pos += 1
+    return out
+
+
+@pytest.mark.parametrize("width,n", [(1, 1), (17, 5), (4097, 2048), (32768, 2048), (131072, 2048), (70000, 300)])
+def test_column_order_bitmap(width, n):
+    rng = np.random.default_rng(width + n)
+    cols = rng.choice(width, size=min(n, width), replace=False)
+    np.testing.assert_array_equal(bitmap_columns(cols, width), np.sort(cols))
+
+
+def test_column_order_by_keys():
+    """Rows wider than the bitmap: keys ks = ~column through the "key" sort give ascending columns (unique keys, so
+    no runs and never the fallback)."""
+    rng = np.random.default_rng(3)
+    P, n = 2048, 1500
+    cols = np.full(P, 2 ** 31 - 1, dtype=np.int64)
+    cols[:n] = rng.choice(300000, size=n, replace=False)
+    keys = np.where(np.arange(P) < n, ~cols, PAD)          # padding keeps ks = INT_MIN (u = 0)
+    perm = rng.permutation(P)
+    out = key_sort(keys[perm], cols[perm], P, rng)
+    assert out is not None
+    np.testing.assert_array_equal(out[:n], np.sort(cols[:n]))

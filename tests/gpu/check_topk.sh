@@ -3,7 +3,7 @@
 #   source .device/prelude.sh && source .device/extra/unpack.sh && bash tests/gpu/check_topk.sh [ncu]
 # tests/gpu/test_dsa_topk.py (both kernels, the three orderings) and sanitize_dsa_topk (racecheck, memcheck) through
 # run_device.sh, then bench/topk_breakdown.py (streaming kernel, TOPK_BREAKDOWN_ARGS: by default the "key" and
-# "regs" orderings) and the indexer + top-k
+# "regs" orderings and order="column") and the indexer + top-k
 # row of bench/dsa_indexer.py against cuDNN frontend; with "ncu", an ncu summary of the streaming kernel at
 # 32K x 32K k 2048 (8192 rows) last. Logs to $OUT; short tables printed.
 set -u
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 GPU_TESTS=tests/gpu/test_dsa_topk.py GPU_SANITIZE=tests/gpu/sanitize_dsa_topk.py PYTEST_TIMEOUT=240 SAN_TIMEOUT=90 \
   bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
 grep -E "FAILED|Error" "$OUT"/test_dsa_topk.log 2>/dev/null | head -8
-timeout 150 python3 bench/topk_breakdown.py ${TOPK_BREAKDOWN_ARGS:---sorts key,regs --no-cached} > "$OUT/topk_breakdown.log" 2>&1
+timeout 150 python3 bench/topk_breakdown.py ${TOPK_BREAKDOWN_ARGS:---sorts key,regs --no-cached --column} > "$OUT/topk_breakdown.log" 2>&1
 echo "topk_breakdown rc=$?"
 cat "$OUT/topk_breakdown.log"
 timeout 200 python3 bench/dsa_indexer.py --rows "indexer+top-k" --iters 5 --csv "$OUT/idx_topk.csv" \

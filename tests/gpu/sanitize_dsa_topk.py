@@ -2,7 +2,8 @@
 kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at the threshold, lengths, rank 3, one
 row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
 k hold short runs of equal keys (the "key" ordering's atomic slots and in-place run sort; the rounded rows' long
-runs take its fallback to the pair network). Exits
+runs take its fallback to the pair network), and the column order (order="column": the bitmap, and the key sort on
+~column for a row wider than the bitmap). Exits
 non-zero if any output element is left unwritten (-7)."""
 import os
 import sys
@@ -39,6 +40,10 @@ def main():
                 o = torch.full((x.shape[0], k), -7, dtype=torch.int32, device=dev)
                 topk_fwd(src, o, stream=stream)
                 outs.append(o)
+    for x, k, ln_ in ((s, 100, ln), (runs, 2048, None), (torch.randn(2, 140000, device=dev), 300, None)):
+        o = torch.full((*x.shape[:-1], k), -7, dtype=torch.int32, device=dev)   # column order: bitmap, key sort
+        topk_fwd(x, o, lengths=ln_, order="column", stream=stream)
+        outs.append(o)
     torch.cuda.synchronize()
     bad = int(sum((o == -7).sum() for o in outs))
     print("sanitize_dsa_topk: unwritten elements:", bad)

@@ -50,9 +50,9 @@ def reference(s, k, lengths=None):
     return out.reshape(*lead, k)
 
 
-def run(s, k, lengths=None, stream=None):
+def run(s, k, lengths=None, stream=None, order="score"):
     out = torch.full((*s.shape[:-1], k), -7, dtype=torch.int32, device=DEV)
-    topk_fwd(s, out, lengths=lengths, stream=(stream or torch.cuda.current_stream()).cuda_stream)
+    topk_fwd(s, out, lengths=lengths, order=order, stream=(stream or torch.cuda.current_stream()).cuda_stream)
     return out
 
 
@@ -174,6 +174,50 @@ def test_sort_paths(monkeypatch, k, sort):
     w[1, ::30] = 5.0                                        # 2334 equal keys spread over the row
     w[2, 66000:] = 9.0                                      # ties past column 65535
     check(w, k)
+
+
+def by_column(idx):
+    big = torch.full_like(idx, 2 ** 31 - 1)
+    srt = torch.sort(torch.where(idx < 0, big, idx), dim=-1).values
+    return torch.where(srt == big, torch.full_like(srt, -1), srt)
+
+
+@pytest.mark.parametrize("k", [1, 64, 300, 2048])
+def test_column_order(k):
+    """order="column": the reference's selection in ascending column order, -1 padding last: through the bitmap
+    (W <= 131072: W 1, 17, 255, 4097, 32768, 131072) and through the key sorts on ~column (W 140000); ties at the
+    threshold, lengths (0 and past W), rank 3, padding, and the score order unchanged."""
+    torch.manual_seed(k)
+    for W in (1, 17, 255, 4097, 32768, 131072, 140000):
+        s = torch.randn(6, W, device=DEV)
+        s[1] = (s[1] * 2).round()                          # ties at the threshold: the lower columns
+        s[2, W // 2:] = float("-inf")                      # fewer selectable than k: padding
+        out = run(s, k, order="column")
+        torch.cuda.synchronize()
+        assert not (out == -7).any(), "unwritten output elements"
+        assert torch.equal(out, by_column(reference(s, k))), W
+    s = torch.randn(2, 3, 5000, device=DEV)
+    ln = torch.tensor([[5000, 0, 17], [4999, 6000, 2500]], dtype=torch.int32, device=DEV)
+    out = run(s, k, ln, order="column")
+    assert torch.equal(out, by_column(reference(s, k, ln)))
+    assert torch.equal(run(s, k, ln), reference(s, k, ln))
+
+
+def test_column_order_reruns_and_graph():
+    s = torch.randn(64, 32768, device=DEV)
+    first = run(s, 2048, order="column")
+    for _ in range(5):
+        assert torch.equal(run(s, 2048, order="column"), first)
+    out = torch.full((64, 2048), -7, dtype=torch.int32, device=DEV)
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g, stream=side):
+            topk_fwd(s, out, order="column", stream=side.cuda_stream)
+    out.fill_(-7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
 
 
 def test_rank3_rows_of_any_strides():

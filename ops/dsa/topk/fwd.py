@@ -1,12 +1,14 @@
 """Seam of the top-k kernel: validate, pick/compile a cached variant, launch (no host sync).
 
-``topk_fwd(scores, out, *, lengths=None, stream=0) -> None``
+``topk_fwd(scores, out, *, lengths=None, order="score", stream=0) -> None``
 
   scores  fp32 [R, W] or [B, Sq, W] (inner stride 1; for rank 3 the two leading axes must merge)
   out     int32 [..., k] with the same leading shape, 1 <= k <= 2048 (MAX_K); every element written
   lengths int32 of the leading shape, or None: row r considers columns [0, min(lengths[r], W)) (<= 0: none)
 out[r] = the columns of the k largest finite scores of row r, descending, ties lower column first, -1 past the
-row's selectable count (docs/dsa.md). Variants: (k padded to a power of two >= 32, with lengths, rank 3, stream).
+row's selectable count (docs/dsa.md). order="column": the same set of columns in ascending column order (the
+selection does not depend on the order; sort_sm90.SelectionSort.columns_by_bitmap). Variants: (k padded to a power
+of two >= 32, with lengths, rank 3, stream, by column).
 stream: scores' rows are 16-byte aligned (data pointer % 16 == 0, every stride but the inner one % 4 == 0), read
 with 16-byte loads by stream_sm90.TopkStreamSm90; otherwise topk_sm90.TopkSm90 (4-byte reads). Both give the same
 output bits. Any strides work: rank-3 tensors are read per (batch, query row), no axis merge.
@@ -25,14 +27,17 @@ MAX_K = supported.TOPK_MAX_K
 STREAM = os.environ.get("PADDLE_DSA_TOPK_STREAM", "1") != "0"
 
 
-def variant_key(p, has_lengths, rank3, stream=False):
-    return (int(p), bool(has_lengths), bool(rank3), bool(stream))
+ORDERS = ("score", "column")
+
+
+def variant_key(p, has_lengths, rank3, stream=False, by_column=False):
+    return (int(p), bool(has_lengths), bool(rank3), bool(stream), bool(by_column))
 
 
 def all_variant_keys():
     ps = [32 << i for i in range(7)]          # 32 .. 2048
-    return [variant_key(p, hl, r3, sm) for p in ps for hl in (False, True) for r3 in (False, True)
-            for sm in (False, True)]
+    return [variant_key(p, hl, r3, sm, bc) for p in ps for hl in (False, True) for r3 in (False, True)
+            for sm in (False, True) for bc in (False, True)]
 
 
 def streamable(s):
@@ -44,7 +49,7 @@ def fake_args(key):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    p, has_len, rank3, stream = key
+    p, has_len, rank3, stream, _ = key
     nd = 3 if rank3 else 2
 
     def t(dtype, rank, div=1, align=4):
@@ -64,16 +69,18 @@ def compile_variant(key):
         from ...common.tensors import COMPILE_OPTIONS
         from .stream_sm90 import TopkStreamSm90
         from .topk_sm90 import TopkSm90
-        kernel = (TopkStreamSm90 if key[3] else TopkSm90)(*key[:3])
+        kernel = (TopkStreamSm90 if key[3] else TopkSm90)(*key[:3], by_column=key[4])
         fn = cute.compile(kernel, *fake_args(key), options=COMPILE_OPTIONS)
         _CACHE[key] = fn
     return fn
 
 
-def topk_fwd(scores, out, *, lengths=None, stream=0):
+def topk_fwd(scores, out, *, lengths=None, order="score", stream=0):
     from ...common.tensors import arg_tensor, stream_handle
     from .topk_sm90 import pad_k
 
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
     s = arg_tensor(scores, "scores").require_dtype("float32")
     o = arg_tensor(out, "out").require_dtype("int32")
     if len(s.shape) not in (2, 3):
@@ -98,5 +105,5 @@ def topk_fwd(scores, out, *, lengths=None, stream=0):
     rank3 = len(s.shape) == 3
     if ln is not None:
         ln.require_inner_contiguous(4)
-    fn = compile_variant(variant_key(pad_k(k), ln is not None, rank3, STREAM and streamable(s)))
+    fn = compile_variant(variant_key(pad_k(k), ln is not None, rank3, STREAM and streamable(s), order == "column"))
     fn(s.ffi, o.ffi, None if ln is None else ln.ffi, k, stream_handle(stream))

@@ -20,9 +20,13 @@ Three ways (SORT), same output bits:
          compare-exchange instead of about ten, half the shuffles and shared-memory traffic.
   "regs" (P >= NT): the bitonic network on (key, column) pairs, E a thread in registers, the same exchange pattern.
   "smem": the same network entirely in shared memory, one barrier a stage (P < NT always takes it).
-Shared-memory handoffs: sel_u (exchange, then the sorted keys), sel_c (the columns by slot), cnt and misc[7] (the
-long-run flag) are each read only after a CTA barrier that follows all their writers; each thread reads back only
-its own slots of sel_u before it overwrites them.
+The column-order variant (by_column; topk_fwd(order="column"), indexer_topk(sorted=False)): the same selection in
+ascending column order. Rows of up to 32 x BITMAP_WORDS columns: a bitmap of the row in cnt (one atomic or a
+selected column), thread t owns a contiguous range of words, a CTA scan of their set-bit counts places its columns,
+written in bit order; no sort. Wider rows: keys ks = ~column (unique) through the ordering above.
+Shared-memory handoffs: sel_u (exchange, then the sorted keys), sel_c (the columns by slot), cnt (counters or the
+bitmap), part (scan partials) and misc[7] (the long-run flag) are each read only after a CTA barrier that follows
+all their writers; each thread reads back only its own slots of sel_u before it overwrites them.
 
 Status (H200, 2026-12-05, perf/topk_key_sort_2026-12-05T0341.txt): tests/gpu/test_dsa_topk.py 79 passed (every ordering,
 both kernels, runs of 2..GROUP_MAX, exactly GROUP_MAX and GROUP_MAX + 1 equal keys), racecheck 0 hazards, memcheck 0
@@ -35,6 +39,9 @@ The index logic is also checked on the CPU by a NumPy emulation (tests/test_topk
 moved in place (insertion with clamped indices, no register array: the (lengths, rank 3) variant had spilled 8
 bytes): test_dsa_topk 79 passed, racecheck / memcheck clean (H200 04:25, perf/topk_hist_copies_2026-12-05T0425.txt;
 that tree's streaming kernel had two histogram copies, since removed: the final PTX equals that tree's with one).
+The column-order variant: CPU-compiled (no spills) and checked by the emulation only; its GPU tests
+(test_dsa_topk.py test_column_order*, sanitize_dsa_topk) are owed; the score-order variants' PTX did not change when
+it was added.
 """
 import cutlass
 import cutlass.cute as cute
@@ -43,6 +50,7 @@ from cutlass import Int32
 NT = 512                     # threads of a top-k CTA
 SIGN = -2147483648           # 0x80000000 as int32
 GROUP_MAX = 8                # longest run of equal keys the "key" sort orders in place; a longer one -> "regs"
+BITMAP_WORDS = 4096          # column order: rows of up to 32 x this many columns go through a bitmap (cnt's 16 KiB)
 
 
 def network_stages(p):
@@ -51,20 +59,43 @@ def network_stages(p):
 
 
 class SelectionSort:
-    """Mixin: needs self.P (padded k)."""
+    """Mixin: needs self.P (padded k) and self.by_column (the column-order variant)."""
 
     SORT = "key"             # "key" | "regs" | "smem" (P < NT: always "smem")
 
     @cute.jit
-    def sort_and_write(self, sel_u, sel_c, cnt, misc, gOut, k, tid):
+    def sort_and_write(self, sel_u, sel_c, cnt, part, misc, gOut, k, tid, width):
         """After every append (a barrier first): pad the selection to P (u = 0 sorts last), order it, write the k
-        output columns (-1 past n_sel). cnt: P int32 of scratch shared memory (free at this point)."""
+        output columns (-1 past n_sel). cnt: max(P, BITMAP_WORDS) int32 of scratch shared memory and part NT / 32
+        int32 (both free at this point). by_column: ascending columns instead of descending scores, through a
+        bitmap of the row's columns when width <= 32 BITMAP_WORDS, else through the sorts below on keys made from
+        the columns (ks = ~column: unique, so no runs)."""
         P = self.P
         cute.arch.sync_threads()
         n_sel = misc[4]
+        if cutlass.const_expr(self.by_column):
+            if width <= 32 * BITMAP_WORDS:
+                self.columns_by_bitmap(sel_c, cnt, part, n_sel, tid, width)
+            else:
+                self.pad_and_sort(sel_u, sel_c, cnt, misc, n_sel, tid)
+        else:
+            self.pad_and_sort(sel_u, sel_c, cnt, misc, n_sel, tid)
+        for i in cutlass.range(tid, k, NT, unroll=1):
+            if i < P:
+                gOut[i] = Int32(cutlass.select_(i < n_sel, sel_c[i], Int32(-1)))
+            else:
+                gOut[i] = Int32(-1)
+
+    @cute.jit
+    def pad_and_sort(self, sel_u, sel_c, cnt, misc, n_sel, tid):
+        """Pad the selection to P and sort it (SORT); ends with the ordered columns in sel_c and a barrier."""
+        P = self.P
         for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
             sel_u[i] = Int32(0)
             sel_c[i] = Int32(2147483647)
+        if cutlass.const_expr(self.by_column):
+            for i in cutlass.range(tid, n_sel, NT, unroll=1):
+                sel_u[i] = (sel_c[i] ^ Int32(-1)) ^ Int32(SIGN)     # ks = ~column: larger ks = lower column
         if tid == 0:
             misc[7] = Int32(0)
         cute.arch.sync_threads()                    # padding and the flag written
@@ -75,11 +106,46 @@ class SelectionSort:
             self.bitonic_regs(sel_u, sel_c, tid)
         else:
             self.bitonic(sel_u, sel_c, tid)
-        for i in cutlass.range(tid, k, NT, unroll=1):
-            if i < P:
-                gOut[i] = Int32(cutlass.select_(i < n_sel, sel_c[i], Int32(-1)))
-            else:
-                gOut[i] = Int32(-1)
+
+    # ---------------------------------------------------------------------------------------------- by column
+    @cute.jit
+    def columns_by_bitmap(self, sel_c, bits, part, n_sel, tid, width):
+        """sel_c[0:n_sel] (distinct columns < width) -> ascending order in place: a bit a column (bits, atomic or),
+        thread t owns the words [t wpt, (t + 1) wpt), a CTA scan of its set bits gives where its columns go. Ends
+        with a barrier."""
+        lane = tid % 32
+        warp = tid // 32
+        nw = (width + 31) // 32
+        wpt = (nw + (NT - 1)) // NT
+        for w in cutlass.range(tid, nw, NT, unroll=1):
+            bits[w] = Int32(0)
+        cute.arch.sync_threads()                    # the bitmap cleared
+        for i in cutlass.range(tid, n_sel, NT, unroll=1):
+            c = sel_c[i]
+            cute.arch.atomic_or(bits.iterator + (c >> 5), Int32(1) << (c & 31))
+        cute.arch.sync_threads()                    # every bit set, every sel_c entry read
+        cnt = Int32(0)
+        for j in cutlass.range(wpt, unroll=1):
+            w = tid * wpt + j
+            if w < nw:
+                cnt += cute.arch.popc(bits[w])
+        incl = self.warp_inclusive_scan(cnt, lane)
+        if lane == 31:
+            part[warp] = incl
+        cute.arch.sync_threads()                    # every warp's total written
+        pos = incl - cnt
+        for w in cutlass.range_constexpr(NT // 32):
+            if w < warp:
+                pos = pos + part[w]
+        for j in cutlass.range(wpt, unroll=1):
+            w = tid * wpt + j
+            if w < nw:
+                word = bits[w]
+                for b in cutlass.range_constexpr(32):
+                    if ((word >> b) & 1) != 0:
+                        sel_c[pos] = w * 32 + b
+                        pos = pos + 1
+        cute.arch.sync_threads()                    # the ordered columns complete before the output loop
 
     # ---------------------------------------------------------------------------------------------- "key"
     @cute.jit

@@ -170,7 +170,7 @@ class TopkStreamSm90(TopkSm90):
         if ranked:
             self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
         # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, cand_u, misc, gOut, k, tid)
+        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit

@@ -46,11 +46,12 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
-from .sort_sm90 import NT, SIGN, SelectionSort
+from .sort_sm90 import BITMAP_WORDS, NT, SIGN, SelectionSort
 
 WARPS = NT // 32
 CAP = 40960                  # row columns cached in shared memory (160 KiB)
 CAND = 4096                  # candidate (key, column) pairs after pass 0 (32 KiB)
+assert CAND >= max(2048, BITMAP_WORDS)     # cand_u is sort_sm90's scratch (counters, the column bitmap)
 SHIFT0 = 21                  # pass 0 digit: the top 11 bits of u (sign, exponent, 2 mantissa bits: 1/4 binade)
 BINS0 = 1 << (32 - SHIFT0)
 
@@ -66,11 +67,12 @@ def pad_k(k):
 class TopkSm90(SelectionSort):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs)."""
 
-    def __init__(self, p: int, has_lengths: bool, rank3: bool):
+    def __init__(self, p: int, has_lengths: bool, rank3: bool, by_column: bool = False):
         assert p >= 32 and p & (p - 1) == 0 and p <= 2048, p
         self.P = p
         self.has_lengths = has_lengths
         self.rank3 = rank3
+        self.by_column = by_column       # output in ascending column order (sort_sm90), not by descending score
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
@@ -192,7 +194,7 @@ class TopkSm90(SelectionSort):
         if ranked:
             self.take_ties(keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
         # ---- 4. order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, cand_u, misc, gOut, k, tid)
+        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit

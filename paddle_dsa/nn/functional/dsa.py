@@ -178,19 +178,23 @@ def indexer_score(index_q, index_k, weights, *, causal=True, ratio=1, q_offsets=
         return _dense_index_scores(seq, route, index_q, index_k, weights, causal, ratio, q_offsets, False)[0]
 
 
-def indexer_topk(scores, k, *, lengths=None):
+def indexer_topk(scores, k, *, lengths=None, sorted=True):
     """Indices of the k largest finite scores of each row, by descending score.
 
     Args:
         scores: float [B, Sq, Sk] (or THD [Tq, W]), e.g. from indexer_score; -inf / non-finite entries are
             never selected. k: int >= 1 (any size; k > Sk pads with -1).
         lengths: optional int32 [B, Sq] (THD [Tq]): row r considers only its first lengths[r] columns.
+        sorted: True (default): by descending score, ties lower column first. False: the same columns in
+            ascending column order, -1 padding last (deterministic; sparse attention does not depend on the
+            slot order).
     Returns:
-        int32 [B, Sq, k] (THD [Tq, k]); -1 where a row has fewer than k selectable scores. Ties keep the
-        lower column first.
+        int32 [B, Sq, k] (THD [Tq, k]); -1 where a row has fewer than k selectable scores. Ties at the k-th
+        score keep the lower columns.
     """
     op = "indexer_topk"
     _start(op)
+    by_score = V.check_bool(op, "sorted", sorted)
     V.check_tensor(op, "scores", scores)
     shp = PORT.shape(scores)
     if len(shp) not in (2, 3):
@@ -213,13 +217,15 @@ def indexer_topk(scores, k, *, lengths=None):
         return _filled(list(shp[:-1]) + [k], -1, paddle.int32)
     too_wide = f"k = {k} > {SUPPORTED.TOPK_MAX_K}, the top-k kernel's limit" if k > SUPPORTED.TOPK_MAX_K else None
     route = _route(op, on_gpu, "topk", False, too_wide)
-    if route == "kernel":
-        with paddle.no_grad():
-            return gpu.topk(scores, k, lengths)
     with paddle.no_grad():
-        idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
-                            None if lengths is None else lengths.reshape([rows]))
-        return idx.reshape(list(shp[:-1]) + [k])
+        if route == "kernel":
+            # sorted=False reorders the score-ordered kernel output here; the kernel's own column order
+            # (ops/dsa/topk/fwd.py order="column") takes over once it has run on the H200
+            idx = gpu.topk(scores, k, lengths)
+        else:
+            idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
+                                None if lengths is None else lengths.reshape([rows])).reshape(list(shp[:-1]) + [k])
+        return idx if by_score else ref_topk.by_column(idx)
 
 
 # ----------------------------------------------------------------------------------------------------

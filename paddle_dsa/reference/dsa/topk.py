@@ -3,7 +3,7 @@
 indices[r, :] = the columns of the k largest finite scores of row r, by descending score; ties keep
 the lower column first (a stable sort); -1 fills the slots past the row's count of finite scores.
 Non-finite scores (-inf masks, +inf, NaN) are never selected. lengths[r] limits row r to its first
-lengths[r] columns. Rows are processed in chunks (memory O(chunk x width)).
+lengths[r] columns. by_column: the same indices in ascending column order (indexer_topk(sorted=False)). Rows are processed in chunks (memory O(chunk x width)).
 """
 import paddle
 
@@ -36,6 +36,13 @@ def topk(scores, k, lengths=None):
             idx = paddle.concat([idx, paddle.full([r1 - r0, k - kk], -1, dtype=paddle.int32)], axis=-1)
         parts.append(idx)
     return paddle.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def by_column(idx):
+    """int32 [..., k] top-k indices (-1 padding) -> the same indices in ascending column order, -1 last."""
+    big = paddle.full_like(idx, 2 ** 31 - 1)
+    srt = paddle.sort(paddle.where(idx < 0, big, idx), axis=-1)
+    return paddle.where(srt == big, paddle.full_like(srt, -1), srt)
 
 
 def _stable_argsort(key):
