@@ -59,7 +59,8 @@ def network_stages(p):
 
 
 class SelectionSort:
-    """Mixin: needs self.P (padded k) and self.by_column (the column-order variant)."""
+    """Mixin of topk_sm90.TopkSm90: needs self.P (padded k), self.by_column (the column-order variant) and the host
+    class's warp_inclusive_scan."""
 
     SORT = "key"             # "key" | "regs" | "smem" (P < NT: always "smem")
 
