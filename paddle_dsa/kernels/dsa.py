@@ -87,10 +87,12 @@ def indexer_scores(index_q, index_k, weights, *, causal, ratio, q_offsets, cu_q,
     return scores, lse
 
 
-def topk(scores, k, lengths):
-    """int32 [..., k] (the leading shape of scores)."""
+def topk(scores, k, lengths, order="score"):
+    """int32 [..., k] (the leading shape of scores); order "score" (descending score) or "column" (ascending
+    column), -1 last."""
     out = _empty(list(PORT.shape(scores)[:-1]) + [k], paddle.int32)
-    _module("topk").topk_fwd(PORT.export(scores), _out(out), lengths=_opt(lengths), stream=PORT.stream_handle(scores))
+    _module("topk").topk_fwd(PORT.export(scores), _out(out), lengths=_opt(lengths), order=order,
+                             stream=PORT.stream_handle(scores))
     return out
 
 

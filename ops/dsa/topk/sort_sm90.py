@@ -39,9 +39,10 @@ The index logic is also checked on the CPU by a NumPy emulation (tests/test_topk
 moved in place (insertion with clamped indices, no register array: the (lengths, rank 3) variant had spilled 8
 bytes): test_dsa_topk 79 passed, racecheck / memcheck clean (H200 04:25, perf/topk_hist_copies_2026-12-05T0425.txt;
 that tree's streaming kernel had two histogram copies, since removed: the final PTX equals that tree's with one).
-The column-order variant: CPU-compiled (no spills) and checked by the emulation only; its GPU tests
-(test_dsa_topk.py test_column_order*, sanitize_dsa_topk) are owed; the score-order variants' PTX did not change when
-it was added.
+The column-order variant (H200, 2026-12-05 05:20, perf/topk_column_2026-12-05T0520.txt): test_dsa_topk 89 passed
+with test_column_order* (both kernels, bitmap and key-sort widths, reruns, graph capture), racecheck 0 hazards,
+memcheck 0 errors; 32K x 32K k 2048: 2.77 ms (score order 3.72), W 4K 0.92 ms (2.08); the score-order variants'
+PTX did not change when it was added.
 """
 import cutlass
 import cutlass.cute as cute

@@ -219,12 +219,9 @@ def indexer_topk(scores, k, *, lengths=None, sorted=True):
     route = _route(op, on_gpu, "topk", False, too_wide)
     with paddle.no_grad():
         if route == "kernel":
-            # sorted=False reorders the score-ordered kernel output here; the kernel's own column order
-            # (ops/dsa/topk/fwd.py order="column") takes over once it has run on the H200
-            idx = gpu.topk(scores, k, lengths)
-        else:
-            idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
-                                None if lengths is None else lengths.reshape([rows])).reshape(list(shp[:-1]) + [k])
+            return gpu.topk(scores, k, lengths, order="score" if by_score else "column")
+        idx = ref_topk.topk(scores.reshape([rows, shp[-1]]), k,
+                            None if lengths is None else lengths.reshape([rows])).reshape(list(shp[:-1]) + [k])
         return idx if by_score else ref_topk.by_column(idx)
 
 
