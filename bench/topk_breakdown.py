@@ -2,7 +2,7 @@
 
 Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shrinks from 2048 to 64 elements),
 W 4K with k 2048 (a row an eighth as long), causal scores (row i: i + 1 finite columns, the rest -inf, as the
-indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold runs of 2-5 equal keys). With --ncu, run only the first row once (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
+indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold runs of 2-5 equal keys). With --ncu, run only the first row once (in column order with --column) (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
 inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled torch's randn).
 
 Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "key": a key-only network and slots by
@@ -47,7 +47,7 @@ def main(a):
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-        topk_fwd(s, out, stream=st)
+        topk_fwd(s, out, order="column" if a.column else "score", stream=st)
         torch.cuda.synchronize()
         return
     from ops.dsa.topk import fwd, sort_sm90
