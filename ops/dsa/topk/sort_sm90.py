@@ -39,7 +39,7 @@ The index logic is also checked on the CPU by a NumPy emulation (tests/test_topk
 moved in place (insertion with clamped indices, no register array: the (lengths, rank 3) variant had spilled 8
 bytes): test_dsa_topk 79 passed, racecheck / memcheck clean (H200 04:25, perf/topk_hist_copies_2026-12-05T0425.txt;
 that tree's streaming kernel had two histogram copies, since removed: the final PTX equals that tree's with one).
-The column-order variant (H200, 2026-12-05 05:20, perf/topk_column_2026-12-05T0520.txt): test_dsa_topk 89 passed
+The column-order variant (H200, 2026-12-05 05:08-05:12, perf/topk_column_2026-12-05T0508.txt): test_dsa_topk 89 passed
 with test_column_order* (both kernels, bitmap and key-sort widths, reruns, graph capture), racecheck 0 hazards,
 memcheck 0 errors; 32K x 32K k 2048: 2.77 ms (score order 3.72), W 4K 0.92 ms (2.08); the score-order variants'
 PTX did not change when it was added.
@@ -103,7 +103,12 @@ class SelectionSort:
         cute.arch.sync_threads()                    # padding and the flag written
         if cutlass.const_expr(P >= NT and self.SORT == "key"):
             if self.key_rank_sort(sel_u, sel_c, cnt, misc, tid):
-                self.bitonic_regs(sel_u, sel_c, tid)
+                if cutlass.const_expr(self.by_column):
+                    # not reached (ks = ~column are unique: no run); the shared-memory network keeps the column
+                    # variant's registers below the register network's (which spilled 8 bytes there)
+                    self.bitonic(sel_u, sel_c, tid)
+                else:
+                    self.bitonic_regs(sel_u, sel_c, tid)
         elif cutlass.const_expr(P >= NT and self.SORT == "regs"):
             self.bitonic_regs(sel_u, sel_c, tid)
         else:
