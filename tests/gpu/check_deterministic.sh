@@ -11,9 +11,7 @@
 # Logs to $OUT (run_device.sh's); each part prints a short table last.
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/gpu_out}"
-export OUT PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
-mkdir -p "$OUT"
+source tests/gpu/device_env.sh
 part="${1:-1}"
 case "$part" in
   1)

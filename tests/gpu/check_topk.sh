@@ -8,9 +8,7 @@
 # 32K x 32K k 2048 (8192 rows) last. Logs to $OUT; short tables printed.
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/gpu_out}"
-export OUT PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
-mkdir -p "$OUT"
+source tests/gpu/device_env.sh
 GPU_TESTS=tests/gpu/test_dsa_topk.py GPU_SANITIZE=tests/gpu/sanitize_dsa_topk.py PYTEST_TIMEOUT=240 SAN_TIMEOUT=90 \
   bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
 grep -E "FAILED|Error" "$OUT"/test_dsa_topk.log 2>/dev/null | head -8

@@ -7,9 +7,7 @@
 # summary sections). Read the csv with bench/sass_hotspots.py.
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/gpu_out}"
-export OUT PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
-mkdir -p "$OUT"
+source tests/gpu/device_env.sh
 ORDER="${1:-column}"
 FLAG=""; [ "$ORDER" = "column" ] && FLAG="--column"
 REP=/tmp/topk_${ORDER}

@@ -17,10 +17,7 @@
 # (../shared/device/pack.sh apache-tvm-ffi==0.1.15.post2 ..., or the FA4 pack line in docs/performance.md).
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/gpu_out}"
-export OUT
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
+source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1
 python3 -c "import tvm_ffi" 2>/dev/null || { echo "apache-tvm-ffi is not installed: pack it into .device (see the header)"; exit 3; }
 
