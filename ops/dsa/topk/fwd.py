@@ -2,7 +2,7 @@
 
 ``topk_fwd(scores, out, *, lengths=None, order="score", stream=0) -> None``
 
-  scores  fp32 [R, W] or [B, Sq, W] (inner stride 1; for rank 3 the two leading axes must merge)
+  scores  fp32 [R, W] or [B, Sq, W] (inner stride 1; any other strides, see below)
   out     int32 [..., k] with the same leading shape, 1 <= k <= 2048 (MAX_K); every element written
   lengths int32 of the leading shape, or None: row r considers columns [0, min(lengths[r], W)) (<= 0: none)
 out[r] = the columns of the k largest finite scores of row r, descending, ties lower column first, -1 past the

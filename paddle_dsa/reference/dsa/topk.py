@@ -3,7 +3,8 @@
 indices[r, :] = the columns of the k largest finite scores of row r, by descending score; ties keep
 the lower column first (a stable sort); -1 fills the slots past the row's count of finite scores.
 Non-finite scores (-inf masks, +inf, NaN) are never selected. lengths[r] limits row r to its first
-lengths[r] columns. by_column: the same indices in ascending column order (indexer_topk(sorted=False)). Rows are processed in chunks (memory O(chunk x width)).
+lengths[r] columns. by_column: the same indices in ascending column order (indexer_topk(sorted=False)).
+Rows are processed in chunks (memory O(chunk x width)).
 """
 import paddle
 
