@@ -61,60 +61,79 @@ class BlockGather:
     no data, so the consumers read stale chunks: only the time means anything."""
 
     MOVE_DATA = True
+    GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
+
+    def gather_order(self):
+        """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, chunk) pairs, each
+        chunk of each block once. Default: one block, chunks in column order."""
+        return tuple((0, c) for c in range(self.NC))
 
     @cute.jit
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
                 row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sRows=None):
-        NC, per_row, lag = self.NC, 64 // PIECE, self.gather_lag()
+        """n_blk: a multiple of GATHER_PERIOD (blocks past the row's slots are zero-filled and marked invalid)."""
+        per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
+        order = self.gather_order()
+        assert sorted(order) == [(b, c) for b in range(PER) for c in range(self.NC)] and lag <= len(order)
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]
-        raw = cute.make_rmem_tensor((self.pieces,), Int32)      # next block's idx (loads in flight)
-        rows = cute.make_rmem_tensor((self.pieces,), Int32)     # this block's gather rows (-1: zero-fill)
-        self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-        for n in cutlass.range(n_blk, unroll=1):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-            self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)
-            for c in cutlass.range_constexpr(NC):
-                st = self.state(n, c, True)
+        raw = cute.make_rmem_tensor((self.pieces, PER), Int32)      # next period's idx (loads in flight)
+        rows = cute.make_rmem_tensor((self.pieces, PER), Int32)     # this period's gather rows (-1: zero-fill)
+        for b in cutlass.range_constexpr(PER):
+            self.load_slots(raw, mIdx, batch, row, Int32(b), row_len, tidx, b)
+        for i in cutlass.range(n_blk // PER, unroll=1):
+            n0 = i * PER
+            for b in cutlass.range_constexpr(PER):
+                for p in cutlass.range_constexpr(self.pieces):
+                    rows[p, b] = Int32(cutlass.select_(raw[p, b] >= 0 and raw[p, b] < seqlen_k, k_off + raw[p, b],
+                                                       Int32(-1)))
+            for b in cutlass.range_constexpr(PER):
+                self.load_slots(raw, mIdx, batch, row, n0 + PER + b, row_len, tidx, b)
+            for e in cutlass.range_constexpr(len(order)):
+                b, c = order[e]
+                st = self.state(n0 + b, c, True)
                 pipe.producer_acquire(st)
                 if cutlass.const_expr(c == 0 and sRows is not None):
-                    self.publish_rows(sRows, rows, n, tidx)
+                    self.publish_rows(sRows, rows, n0 + b, tidx, b)
                 for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
                     dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row, st.index)
-                    if rows[p] >= 0:
-                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + tidx % per_row,))
+                    if rows[p, b] >= 0:
+                        src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
                         cute.copy(atom, src, dst)
                     else:
                         cute.autovec_copy(zero, dst)
                 cute.arch.cp_async_commit_group()
-                if cutlass.const_expr(c >= lag):
-                    publish(pipe, self.stages, self.state(n, c - lag, True).index, lag)
-            for j in cutlass.range_constexpr(lag):              # the block's last `lag` chunks, oldest first
-                publish(pipe, self.stages, self.state(n, NC - lag + j, True).index, lag - 1 - j)
+                if cutlass.const_expr(e >= lag):
+                    bp, cp = order[e - lag]
+                    publish(pipe, self.stages, self.state(n0 + bp, cp, True).index, lag)
+            for j in cutlass.range_constexpr(lag):              # the period's last `lag` chunks, oldest first
+                bp, cp = order[len(order) - lag + j]
+                publish(pipe, self.stages, self.state(n0 + bp, cp, True).index, lag - 1 - j)
 
     @cute.jit
-    def publish_rows(self, sRows: cute.Tensor, rows, n: Int32, tidx: Int32):
-        """sRows[n % 2, r] = the kv row slot r of block n gathers (the sequence's offset added), -1 for an invalid
-        slot: written by the first of the 8 threads of each key row, after chunk 0 of block n was acquired (so every
-        consumer has released chunk 0 of block n - 2, after its last read of these words) and before chunk 0 is
-        published (the full barrier's arrival orders these stores for the consumers that wait on it)."""
+    def publish_rows(self, sRows: cute.Tensor, rows, n: Int32, tidx: Int32, b: cutlass.Constexpr = 0):
+        """sRows[n % 2, r] = the kv row slot r of block n gathers (the sequence's offset added; rows[:, b] holds
+        them), -1 for an invalid slot: written by the first of the 8 threads of each key row, after chunk 0 of
+        block n was acquired (so every consumer has released chunk 0 of block n - 2, after its last read of these
+        words) and before chunk 0 is published (the full barrier's arrival orders these stores for the consumers
+        that wait on it)."""
         per_row = 64 // PIECE
         if tidx % per_row == 0:
             for p in cutlass.range_constexpr(self.pieces):
-                sRows[n % 2, (tidx + 128 * p) // per_row] = rows[p]
+                sRows[n % 2, (tidx + 128 * p) // per_row] = rows[p, b]
 
     @cute.jit
-    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
-        """raw[p] = idx of the slot piece p of block n gathers, -1 past the row's slots."""
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32,
+                   b: cutlass.Constexpr = 0):
+        """raw[p, b] = idx of the slot piece p of block n gathers, -1 past the row's slots."""
         for p in cutlass.range_constexpr(self.pieces):
             j = n * self.GATHER_BK + (tidx + 128 * p) // (64 // PIECE)
             v = Int32(-1)
             if j < row_len:
                 v = mIdx[self.idx_coord(batch, row, j)]
-            raw[p] = v
+            raw[p, b] = v
 
     @cute.jit
     def gather_pipeline(self, barrier_ptr, consumer_threads: cutlass.Constexpr, tile_bar, tidx: Int32):

@@ -34,6 +34,12 @@ def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
 
+def p_operand_view(rP: cute.Tensor, n: int) -> cute.Tensor:
+    """A 16-bit copy of a (64 x n) wgmma accumulator, seen as the register A operand of the next wgmma (RS, K = n):
+    the C fragment ((2, 2, n/8), 1, 1) holds exactly the A fragment ((2, 2, 2), 1, n/16), register for register."""
+    return cute.make_tensor(rP.iterator, cute.make_layout(((2, 2, 2), 1, n // 16), stride=((1, 2, 4), 0, 8)))
+
+
 def quad_max(x: Float32) -> Float32:
     x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
     return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))

@@ -54,7 +54,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common import mask as mask_lib
 from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_step, online_softmax_update,
-                              rescale_rows, scale_scores, softmax_state)
+                              p_operand_view, rescale_rows, scale_scores, softmax_state)
 
 BLOCK_M = 128
 NUM_THREADS = 384
@@ -459,9 +459,7 @@ class FlashFwdSm90:
                                 self.bounded)
 
     def p_view(self, rP: cute.Tensor) -> cute.Tensor:
-        """The C fragment ((2,2,BN/8)) of 16-bit P is exactly the register A fragment ((2,2,2), 1, BN/16)."""
-        return cute.make_tensor(rP.iterator, cute.make_layout(((2, 2, 2), 1, self.BN // 16),
-                                                              stride=((1, 2, 4), 0, 8)))
+        return p_operand_view(rP, self.BN)
 
     def p_to_operand(self, acc_s: cute.Tensor):
         rP = cute.make_rmem_tensor(acc_s.layout, self.dtype)

@@ -106,8 +106,9 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
         return j
 
     @cute.jit
-    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
-        """raw[p] = the key piece p of block n gathers (its slot), -1 past the row's limit."""
+    def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32,
+                   b: cutlass.Constexpr = 0):
+        """raw[p, b] = the key piece p of block n gathers (its slot), -1 past the row's limit."""
         for p in cutlass.range_constexpr(self.pieces):
             j = n * self.GATHER_BK + (tidx + 128 * p) // (64 // PIECE)
-            raw[p] = Int32(cutlass.select_(j < row_len, j, Int32(-1)))
+            raw[p, b] = Int32(cutlass.select_(j < row_len, j, Int32(-1)))

@@ -239,7 +239,7 @@ class SparseIndexerBwdSm90(BlockGather):
             mdW[row, tidx] = Float32(0.0)
 
     @cute.jit
-    def publish_rows(self, stage, rows, n: Int32, tidx: Int32):
+    def publish_rows(self, stage, rows, n: Int32, tidx: Int32, b: cutlass.Constexpr = 0):
         """Deterministic only (produce() gets no sRows otherwise): mKeys[ebase + slot] = the global key row of each
         slot of block n the producer gathers (-1: invalid; the consumers' validity test is the same), slots < the
         row's slot count, by the first of the 8 threads of each key row. stage = (mKeys, ebase, n_slots, key_off)."""
@@ -249,7 +249,7 @@ class SparseIndexerBwdSm90(BlockGather):
             for p in cutlass.range_constexpr(self.pieces):
                 slot = n * BK + (tidx + 128 * p) // per_row
                 if slot < n_slots:
-                    mKeys[ebase + slot] = Int32(cutlass.select_(rows[p] >= 0, rows[p] + key_off, Int32(-1)))
+                    mKeys[ebase + slot] = Int32(cutlass.select_(rows[p, b] >= 0, rows[p, b] + key_off, Int32(-1)))
 
     @cute.jit
     def slot_raw(self, mIdx: cute.Tensor, batch: Int32, row: Int32, j: Int32):

@@ -522,28 +522,28 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         else:
             partner_rows(krow_b, own0, own1, lane)
 
-    def publish_rows(self, sRows, rows, n, tidx):
+    def publish_rows(self, sRows, rows, n, tidx, b=0):
         """The producer's slot rows of block n (gather_sm90.BlockGather.publish_rows, same threads, same ordering);
         deterministic (sRows = (the tensor, mKeys, ebase, n_slots, key_off, grp)): a valid slot's staging row
         (ebase + slot) G + grp instead of its kv row, and head group 0 writes mKeys[ebase + slot] = its global kv
         row (-1: invalid) for the slots < n_slots. A plain function, traced inline."""
         if not self.stage:
-            return BlockGather.publish_rows(self, sRows, rows, n, tidx)
-        return self.publish_stage_rows(*sRows, rows, n, tidx)
+            return BlockGather.publish_rows(self, sRows, rows, n, tidx, b)
+        return self.publish_stage_rows(*sRows, rows, n, tidx, b)
 
     @cute.jit
     def publish_stage_rows(self, sRows: cute.Tensor, mKeys: cute.Tensor, ebase: Int32, n_slots: Int32, key_off: Int32,
-                           grp: Int32, rows, n: Int32, tidx: Int32):
+                           grp: Int32, rows, n: Int32, tidx: Int32, b: cutlass.Constexpr = 0):
         per_row = DC // PIECE
         if tidx % per_row == 0:
             for p in cutlass.range_constexpr(self.pieces):
                 r = (tidx + 128 * p) // per_row
                 slot = n * BK + r
-                ok = rows[p] >= 0
+                ok = rows[p, b] >= 0
                 sRows[n % 2, r] = Int32(cutlass.select_(ok, (ebase + slot) * self.G + grp, Int32(-1)))
                 if grp == 0:
                     if slot < n_slots:
-                        mKeys[ebase + slot] = Int32(cutlass.select_(ok, rows[p] + key_off, Int32(-1)))
+                        mKeys[ebase + slot] = Int32(cutlass.select_(ok, rows[p, b] + key_off, Int32(-1)))
 
     @cute.jit
     def store_dq(self, acc_dq, q_id, mdQ: cute.Tensor, batch: Int32, row: Int32, grp: Int32, chunk0: cutlass.Constexpr):
