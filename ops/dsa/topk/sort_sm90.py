@@ -48,6 +48,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from ...common.cta_scan import add_warps_before, warp_inclusive_scan
+
 NT = 512                     # threads of a top-k CTA
 SIGN = -2147483648           # 0x80000000 as int32
 GROUP_MAX = 8                # longest run of equal keys the "key" sort orders in place; a longer one -> "regs"
@@ -60,8 +62,7 @@ def network_stages(p):
 
 
 class SelectionSort:
-    """Mixin of topk_sm90.TopkSm90: needs self.P (padded k), self.by_column (the column-order variant) and the host
-    class's warp_inclusive_scan."""
+    """Mixin of topk_sm90.TopkSm90: needs self.P (padded k) and self.by_column (the column-order variant)."""
 
     SORT = "key"             # "key" | "regs" | "smem" (P < NT: always "smem")
 
@@ -131,14 +132,11 @@ class SelectionSort:
             w = tid * wpt + j
             if w < nw:
                 cnt += cute.arch.popc(bits[w])
-        incl = self.warp_inclusive_scan(cnt, lane)
+        incl = warp_inclusive_scan(cnt, lane)
         if lane == 31:
             part[warp] = incl
         cute.arch.sync_threads()                    # every warp's total written
-        pos = incl - cnt
-        for w in cutlass.range_constexpr(NT // 32):
-            if w < warp:
-                pos = pos + part[w]
+        pos = add_warps_before(incl - cnt, part, warp, NT // 32)
         for j in cutlass.range(wpt, unroll=1):
             w = tid * wpt + j
             if w < nw:

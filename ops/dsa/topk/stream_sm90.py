@@ -57,6 +57,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ...common.cta_scan import warp_inclusive_scan
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load
@@ -229,7 +230,7 @@ class TopkStreamSm90(TopkSm90):
         cnt = Int32(0)
         for e in cutlass.range_constexpr(self.U * V):
             cnt += self.tile_take(ku[e], d0, t_s, t_u, ties_too, use_digit)
-        incl = self.warp_inclusive_scan(cnt, lane)
+        incl = warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
         base_s = Int32(0)
         base_c = Int32(0)

@@ -46,6 +46,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
+from ...common.cta_scan import add_warps_before, add_warps_before_and_total, warp_inclusive_scan
 from .sort_sm90 import BITMAP_WORDS, NT, SIGN, SelectionSort
 
 WARPS = NT // 32
@@ -327,14 +328,6 @@ class TopkSm90(SelectionSort):
         return v
 
     @cute.jit
-    def warp_inclusive_scan(self, v, lane):
-        for off in cutlass.range_constexpr(5):
-            o = cute.arch.shuffle_sync_up(v, offset=1 << off)
-            if lane >= (1 << off):
-                v = v + o
-        return v
-
-    @cute.jit
     def pick_digit(self, hist, part, misc, remaining, nbins: cutlass.Constexpr, tid, lane, warp):
         """The digit d holding the remaining-th largest key: (count above d) < remaining <= (count at or above d).
         Thread t holds the bpt bins nbins-1-t*bpt .. (descending digits); a CTA scan of the per-thread sums finds the
@@ -346,14 +339,12 @@ class TopkSm90(SelectionSort):
         if tid < nact:
             for b in cutlass.range_constexpr(bpt):
                 c = c + hist[nbins - 1 - (tid * bpt + b)]
-        incl = self.warp_inclusive_scan(c, lane)
+        incl = warp_inclusive_scan(c, lane)
         if lane == 31:
             part[warp] = incl
         cute.arch.sync_threads()                    # part written by every warp
         if tid < nact:
-            for w in cutlass.range_constexpr(WARPS):
-                if w < warp:
-                    incl = incl + part[w]
+            incl = add_warps_before(incl, part, warp, WARPS)
             excl = incl - c
             if excl < remaining and remaining <= incl:
                 run = excl
@@ -384,12 +375,7 @@ class TopkSm90(SelectionSort):
             if lane == 0:
                 part[warp] = cute.arch.popc(ballot)
             cute.arch.sync_threads()                # part written by all warps
-            base = misc[5]
-            total = Int32(0)
-            for w in cutlass.range_constexpr(WARPS):
-                total = total + part[w]
-                if w < warp:
-                    base = base + part[w]
+            base, total = add_warps_before_and_total(misc[5], part, warp, WARPS)
             if is_eq and base + below < need:
                 slot = cute.arch.atomic_add(misc.iterator + 4, Int32(1))
                 sel_u[slot] = u
