@@ -78,7 +78,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
 from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 from ...common.softmax import acc_mn_view
@@ -394,14 +394,8 @@ class SparseIndexerBwdSm90(BlockGather):
     def issue_x(self, pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n: Int32):
         """X^T(n) = K_n Q^T into acc_x: wait each of block n's chunks, its k-blocks; one committed group."""
         kpc = DC // 16
-        for ch in cutlass.range_constexpr(self.NC):
-            s = self.chunk_state(n, ch, False)
-            pipe.consumer_wait(s)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(kpc):
-                cute.gemm(x_mma if ch == 0 and kb == 0 else x_mma_acc, acc_x, tXrK[None, None, kb, s.index],
-                          tXrQ[None, None, ch * kpc + kb], acc_x)
-        warpgroup.commit_group()
+        gemm_chunks(pipe, lambda ch: self.chunk_state(n, ch, False), tuple(range(self.NC)), x_mma, x_mma_acc, acc_x,
+                    lambda ch, kb, stage: (tXrK[None, None, kb, stage], tXrQ[None, None, ch * kpc + kb]), kpc)
 
     @cute.jit
     def row_block(self, ctx, frag, regs, n: Int32, x_now: cutlass.Constexpr, x_next: cutlass.Constexpr):

@@ -75,7 +75,7 @@ from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_max, quad_sum, rescale_rows, softmax_state
 
@@ -345,14 +345,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, w: Int32):
         """S_w(n) = Q K_w^T: for each chunk wait its full barrier, then its 4 k-blocks; one committed group."""
         kpc = DC // 16
-        for c in cutlass.range_constexpr(self.NC):
-            st = self.state(n, c, False)
-            pipe.consumer_wait(st)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(kpc):
-                cute.gemm(qk_mma if c == 0 and kb == 0 else qk_mma_acc, acc_s, tSrQ[None, None, c * kpc + kb],
-                          tSrK[None, None, kb, 2 * st.index + w], acc_s)
-        warpgroup.commit_group()
+        gemm_chunks(pipe, lambda c: self.state(n, c, False), tuple(range(self.NC)), qk_mma, qk_mma_acc, acc_s,
+                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, 2 * stage + w]), kpc)
 
     @cute.jit
     def release(self, pipe, n: Int32):
