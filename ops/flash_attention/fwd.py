@@ -23,7 +23,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 _CACHE = {}
 _LOG2E = math.log2(math.e)
-BLOCK_M = 128  # query rows per CTA (forward_sm90.BLOCK_M; a CPU test keeps the two equal)
+BLOCK_M = supported.FWD_BLOCK_M_DEFAULT  # query rows per CTA but for supported.FWD_BLOCK_M's pairs (fwd_block_m)
 
 
 def _lazy():
@@ -102,7 +102,7 @@ def fake_args(key):
 def compile_variant(key):
     """Compile one variant from stand-in tensors (cached): the function every launch calls, and what the CPU
     compile tests build."""
-    ck = (key, OVERLAP, PINGPONG)
+    ck = (key, OVERLAP, PINGPONG, supported.fwd_block_m(key[1], key[2], key[3]))
     fn = _CACHE.get(ck)
     if fn is None:
         fn = _compile(key, fake_args(key))
@@ -118,6 +118,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    bounded, left, right = effective_window(causal, window)
     named = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
     at = {name: arg_tensor(x, name) for name, x in named.items()}
 
@@ -157,7 +158,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if Tk == 0:
             raise ValueError("k/v: zero total keys is not supported by the TMA path")
-        grid_m = max(1, -(-int(max_seqlen_q) // BLOCK_M))
+        grid_m = max(1, -(-int(max_seqlen_q) // supported.fwd_block_m(D, Dv, bounded)))
     else:
         B, Sq = qs[0], qs[1]
         if ks[0] != B:
@@ -168,12 +169,11 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if ks[1] == 0:
             raise ValueError("k/v: Sk == 0 is not supported by the TMA path")
-        grid_m = -(-Sq // BLOCK_M)
+        grid_m = -(-Sq // supported.fwd_block_m(D, Dv, bounded))
     for name in ("q", "k", "v", "out"):
         at[name].require_tma()
     at["lse"].require_inner_contiguous(4)
 
-    bounded, left, right = effective_window(causal, window)
     scale = float(softmax_scale)
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")

@@ -15,5 +15,19 @@ BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 2
 BWD_WIDE_HEAD_DIMS = ((192, 128), (192, 192), (256, 256))
 # query/key head_dim values of the forward table.
 HEAD_DIMS = tuple(sorted({d for d, _ in FWD_HEAD_DIMS}))
+# query rows a forward CTA takes per (D, Dv, bounded mask): 64 a consumer warpgroup; 192 = three consumer warpgroups
+# (the D 64 tile: a key block's two matmuls are half as long as at D 128 while the softmax per row is the same, so
+# more rows share each K / V block); every other variant 128. PADDLE_DSA_FWD_BM64="<unmasked>/<masked>" (read at
+# import; default "192/192", each 128 or 192) sets the D 64 rows, for same-run A/B on the device.
+FWD_BLOCK_M_DEFAULT = 128
+_BM64 = tuple(int(x) for x in __import__("os").environ.get("PADDLE_DSA_FWD_BM64", "192/192").split("/"))
+assert len(_BM64) == 2 and set(_BM64) <= {128, 192}, "PADDLE_DSA_FWD_BM64 must be <128|192>/<128|192>"
+FWD_BLOCK_M = {(64, 64, False): _BM64[0], (64, 64, True): _BM64[1]}
+
+
+def fwd_block_m(head_dim, v_head_dim, bounded):
+    return FWD_BLOCK_M.get((int(head_dim), int(v_head_dim), bool(bounded)), FWD_BLOCK_M_DEFAULT)
+
+
 # element types of q/k/v/out, by name.
 DTYPES = ("bfloat16", "float16")

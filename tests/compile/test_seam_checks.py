@@ -90,8 +90,19 @@ def test_stream_handle():
 
 # ------------------------------------------------------------------------------------------------ forward seam
 def test_fwd_block_m_matches_kernel():
-    from ops.flash_attention import forward_sm90
+    """The seam's grid (supported.fwd_block_m) and the kernel's row tile agree for every variant; D 64 takes 192
+    rows (three consumer warpgroups) unless PADDLE_DSA_FWD_BM64 says otherwise."""
+    import cutlass
+    from ops.flash_attention import forward_sm90, supported
     assert fwd.BLOCK_M == forward_sm90.BLOCK_M
+    for d, dv in supported.FWD_HEAD_DIMS:
+        for bounded in (False, True):
+            kern = forward_sm90.FlashFwdSm90(cutlass.BFloat16, d, bounded, False, v_head_dim=dv)
+            assert kern.BM == supported.fwd_block_m(d, dv, bounded)
+            assert kern.threads == 128 * (1 + kern.BM // 64) and 24 + kern.BM // 64 * kern.consumer_regs <= 512
+    if "PADDLE_DSA_FWD_BM64" not in __import__("os").environ:
+        assert supported.fwd_block_m(64, 64, False) == supported.fwd_block_m(64, 64, True) == 192
+        assert supported.fwd_block_m(128, 128, True) == 128
 
 
 @pytest.mark.parametrize("over, msg", [
