@@ -14,7 +14,7 @@ MHA form, (192, 192), (256, 256)); out has Dv columns.
 
 Tiling. One CTA = BM query rows of one (batch, head) (supported.fwd_block_m: 192 for (64, 64), else 128) = one
 producer and BM / 64 consumer warpgroups (384 or 512 threads; setmaxnreg 24 / 240 or 24 / 160):
-  - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (128 x D) once,
+  - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (BM x D) once,
     then for each visible key block n: K_n (BN x D, K-major) and V_n (read as Dv x BN, MN-major) into a
     ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 8 consumer
     warps).
@@ -40,6 +40,9 @@ New pairs, B2 H16 S8k (docs/performance.md): (192, 128) 720 / 668 TFLOP/s non-ca
 0.91x / 0.86x FA4), (96, 96) 563 / 481, (192, 192) 663 / 624, (256, 256) 707 / 643. Speed against SDPA, cuDNN and FA4 in one run: docs/performance.md (D=128 S=8k about
 1.8x SDPA-FA2, 0.9x-1.0x cuDNN, 0.85x-0.9x FA4). Launched through TVM-FFI: ~60 us of host time per call.
 The ping-pong option passed the same tests but measured mixed (+/- ~15 %, noisy), so it stays off.
+The 192-row D 64 tile (branch wip/flash-fwd-d64-bm192, 2026-12-05) is compiled for sm_90a on the CPU only, NOT yet
+run on a GPU (masked D 64 variants spill 100-132 B at 160 registers a consumer thread); the statements above are of
+the 128-row kernel; tests/gpu/check_flash_fwd64.sh is its device check.
 """
 import math
 
@@ -61,12 +64,12 @@ from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
 
 # (Dqk, Dv) -> (BN key rows a block, stages of the K / V ring). Shared memory (16-bit elements, 1 KiB alignment):
-# Q 128 x Dqk + stages x BN x (Dqk + Dv). Live fp32 accumulators a consumer thread: O 64 x Dv / 128 + S 64 x BN / 128.
+# Q BM x Dqk + stages x BN x (Dqk + Dv). Live fp32 accumulators a consumer thread: O 64 x Dv / 128 + S 64 x BN / 128.
 # Picked on CPU (2026-12-03, ptxas sm_90a): no spills, and no warpgroup.arrive injected by ptxas between the P V
 # wgmmas (it does inject them for (192, 192) at BN 80 / 96 / 112 and (256, 256) at BN 80, when P's registers are
 # repacked between the wgmmas of one group; (192, 192) at BN 128 needs a single stage and spills).
 TILES = {
-    (64, 64): (128, 3),      # 16 + 3 x 32 = 112 KiB;  O 32 + S 64 registers
+    (64, 64): (128, 3),      # 24 (BM 192) + 3 x 32 = 120 KiB;  O 32 + S 64 registers
     (96, 96): (128, 3),      # 24 + 3 x 48 = 168 KiB;  O 48 + S 64
     (128, 128): (128, 2),    # 32 + 2 x 64 = 160 KiB;  O 64 + S 64
     (192, 128): (128, 2),    # 48 + 2 x 80 = 208 KiB;  O 64 + S 64
@@ -220,7 +223,7 @@ class FlashFwdSm90:
     @cute.jit
     def clear_tail(self, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, head: Int32, m_block: Int32,
                    grid_m: Int32, tidx: Int32):
-        """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over 128-row chunks)."""
+        """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over BM-row chunks)."""
         D, BM = self.Dv, self.BM  # out rows are Dv wide
         total = mO.shape[0]
         start = mCuQ[mCuQ.shape[0] - 1] + m_block * BM
