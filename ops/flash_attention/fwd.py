@@ -69,7 +69,8 @@ def _compile(key, args):
 
 # Stride divisibility (elements) the compiled code may assume for q/k/v/out; the seam checks 8 (16 bytes) for every
 # launch. Measured on the H200 (2026-12-02, B2 S8k H16 bf16, TFLOP/s, 8 vs 1): D128 658 vs 641, D128 causal 600 vs
-# 576, D64 causal 382 vs 370, but D64 non-causal 370 vs 421 (different code scheduling), so that variant is told 1.
+# 576, D64 causal 382 vs 370, but D64 non-causal 370 vs 421 (different code scheduling), so that variant is told 1
+# (all with 128-row tiles: the 192-row D 64 tile has not been measured either way).
 _STRIDE_DIVISIBILITY = {(64, False): 1}
 
 
@@ -118,7 +119,6 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
-    bounded, left, right = effective_window(causal, window)
     named = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
     at = {name: arg_tensor(x, name) for name, x in named.items()}
 
@@ -158,7 +158,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if Tk == 0:
             raise ValueError("k/v: zero total keys is not supported by the TMA path")
-        grid_m = max(1, -(-int(max_seqlen_q) // supported.fwd_block_m(D, Dv, bounded)))
+        rows_q = max(1, int(max_seqlen_q))
     else:
         B, Sq = qs[0], qs[1]
         if ks[0] != B:
@@ -169,10 +169,12 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if ks[1] == 0:
             raise ValueError("k/v: Sk == 0 is not supported by the TMA path")
-        grid_m = -(-Sq // supported.fwd_block_m(D, Dv, bounded))
+        rows_q = Sq
     for name in ("q", "k", "v", "out"):
         at[name].require_tma()
     at["lse"].require_inner_contiguous(4)
+    bounded, left, right = effective_window(causal, window)
+    grid_m = -(-rows_q // supported.fwd_block_m(D, Dv, bounded))     # query blocks of the variant's row tile
 
     scale = float(softmax_scale)
     if not math.isfinite(scale):

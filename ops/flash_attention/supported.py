@@ -20,12 +20,23 @@ HEAD_DIMS = tuple(sorted({d for d, _ in FWD_HEAD_DIMS}))
 # more rows share each K / V block); every other variant 128. PADDLE_DSA_FWD_BM64="<unmasked>/<masked>" (read at
 # import; default "192/192", each 128 or 192) sets the D 64 rows, for same-run A/B on the device.
 FWD_BLOCK_M_DEFAULT = 128
-_BM64 = tuple(int(x) for x in __import__("os").environ.get("PADDLE_DSA_FWD_BM64", "192/192").split("/"))
-assert len(_BM64) == 2 and set(_BM64) <= {128, 192}, "PADDLE_DSA_FWD_BM64 must be <128|192>/<128|192>"
-FWD_BLOCK_M = {(64, 64, False): _BM64[0], (64, 64, True): _BM64[1]}
+_BM64 = __import__("os").environ.get("PADDLE_DSA_FWD_BM64", "192/192")
+
+
+def _bm64_table(text):
+    parts = text.split("/")
+    if len(parts) != 2 or any(p not in ("128", "192") for p in parts):
+        raise ValueError(f"PADDLE_DSA_FWD_BM64 must be '<unmasked>/<masked>' with each 128 or 192, got {text!r}")
+    return {(64, 64, False): int(parts[0]), (64, 64, True): int(parts[1])}
+
+
+FWD_BLOCK_M = None   # the table, parsed from the environment at first use (a bad value: ValueError then, not at import)
 
 
 def fwd_block_m(head_dim, v_head_dim, bounded):
+    global FWD_BLOCK_M
+    if FWD_BLOCK_M is None:
+        FWD_BLOCK_M = _bm64_table(_BM64)
     return FWD_BLOCK_M.get((int(head_dim), int(v_head_dim), bool(bounded)), FWD_BLOCK_M_DEFAULT)
 
 
