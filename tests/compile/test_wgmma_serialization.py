@@ -21,6 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KERNELS = {
     "flash_fwd_128": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', 128, "
                      "False, False))",
+    "flash_fwd_64_causal": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', 64, "
+                           "True, True))",
     "flash_fwd_192_128": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', "
                          "192, True, False, 128))",
     "flash_bwd_fast": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, False, False, "
