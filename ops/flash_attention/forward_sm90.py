@@ -12,7 +12,8 @@ Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_sc
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
 MHA form, (192, 192), (256, 256)); out has Dv columns.
 
-Tiling. One CTA = BM query rows of one (batch, head) (supported.fwd_block_m: 192 for (64, 64), else 128) = one
+Tiling. One CTA = BM query rows of one (batch, head) (supported.fwd_block_m: 192 for (64, 64) without a bounded
+mask, else 128) = one
 producer and BM / 64 consumer warpgroups (384 or 512 threads; setmaxnreg 24 / 240 or 24 / 160):
   - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (BM x D) once,
     then for each visible key block n: K_n (BN x D, K-major) and V_n (read as Dv x BN, MN-major) into a
@@ -40,9 +41,10 @@ New pairs, B2 H16 S8k (docs/performance.md): (192, 128) 720 / 668 TFLOP/s non-ca
 0.91x / 0.86x FA4), (96, 96) 563 / 481, (192, 192) 663 / 624, (256, 256) 707 / 643. Speed against SDPA, cuDNN and FA4 in one run: docs/performance.md (D=128 S=8k about
 1.8x SDPA-FA2, 0.9x-1.0x cuDNN, 0.85x-0.9x FA4). Launched through TVM-FFI: ~60 us of host time per call.
 The ping-pong option passed the same tests but measured mixed (+/- ~15 %, noisy), so it stays off.
-The 192-row D 64 tile (branch wip/flash-fwd-d64-bm192, 2026-12-05) is compiled for sm_90a on the CPU only, NOT yet
-run on a GPU (masked D 64 variants spill 100-132 B at 160 registers a consumer thread); the statements above are of
-the 128-row kernel; tests/gpu/check_flash_fwd64.sh is its device check.
+The 192-row D 64 tile (2026-12-05, H100): tests/gpu/test_flash_fwd.py 171/171 pass with it at D 64 masked and
+unmasked (PADDLE_DSA_FWD_BM64=192/192), racecheck and memcheck clean; same-run A/B against the 128-row tile:
+non-causal 428-469 vs 401-442 TFLOP/s at S >= 4096 (+4..8 %), causal 190-426 vs 225-432 (slower; the masked variants
+spill 100-132 B at 160 registers a consumer thread), so only the unmasked D 64 variants take it by default.
 """
 import math
 
