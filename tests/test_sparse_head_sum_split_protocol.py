@@ -8,6 +8,7 @@ in which none moves is a deadlock. Every (chunks a block, LAG, block count) the 
 must run to the end with each chunk released by both consumers once; LAG = stages - 1 must deadlock (the model can
 fail). The kernel's order is transcribed here by hand: a change to blocks_split / mma_block / the producer loop must
 be made here too."""
+from agent_model import run_agents
 
 
 def run(nc, stages, lag, n_blk):
@@ -53,21 +54,9 @@ def run(nc, stages, lag, n_blk):
                     yield ("hwait", n)
                 hempty[s] += 1
 
-    agents = {"producer": producer(), "W0": consumer(0), "W1": consumer(1)}
-    last = {}
-    while agents:
-        moved = False
-        for k in list(agents):
-            try:
-                st = next(agents[k])
-            except StopIteration:
-                del agents[k]
-                moved = True
-                continue
-            moved = moved or last.get(k) != st
-            last[k] = st
-        if not moved:
-            return f"deadlock: {last}"
+    res = run_agents({"producer": producer(), "W0": consumer(0), "W1": consumer(1)})
+    if res != "ok":
+        return res
     for g in range(n_blk * nc):
         assert rel.get(g) == {0, 1}, f"chunk {g} released by {rel.get(g)}"
     return "ok"
