@@ -2,7 +2,7 @@
 # The GPU check of the sparse attention-score recompute's HEAD_SPLIT schedule (ops/common/sparse_head_sum_sm90.py)
 # in one device call:
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT; bash tests/gpu/check_attn_score.sh
-# test_dsa_sparse_scores (with test_attn_head_split) and sanitize_dsa_sparse_scores (both schedules) through
+# test_dsa_sparse_scores (with its "attn-split" cases) and sanitize_dsa_sparse_scores (both schedules) through
 # run_device.sh, then the same-run A/B of the two schedules (bench/ab_attn_score.py) and cuDNN frontend's row
 # (bench/dsa_indexer.py --rows "sparse attn rec."). Logs to $OUT; short tables printed.
 set -u

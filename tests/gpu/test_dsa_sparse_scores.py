@@ -2,9 +2,12 @@
 float64 (tests/gpu/dsa_ref.py): scores and statistics NaN-poisoned, gates as the dense tests (2x the float32
 implementation's rel_rms; the -inf / 0 pattern of invalid slots exact; no NaN/inf for finite inputs).
 Slots: indices drawn from [-3, Sk + 5) (negative and past-the-end ones invalid), duplicates, topk_length random or
-0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1].
+0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1]. Kind
+"attn-split" is the attention kernel with SparseAttnScoreSm90.HEAD_SPLIT on (ops/common/sparse_head_sum_sm90.py: both
+consumers on every block at half the heads, W1's slot sums handed to W0), through the same cases and gates.
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_scores.py
 """
+import contextlib
 import math
 import os
 import sys
@@ -25,6 +28,24 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
+SPLIT = "attn-split"
+_SPLIT_CACHE = {}
+
+
+@contextlib.contextmanager
+def schedule(kind):
+    """The attention kernel's HEAD_SPLIT schedule for kind SPLIT (its own compile cache), the default otherwise."""
+    if kind != SPLIT:
+        yield
+        return
+    from ops.dsa.attn_score import sparse as seam, sparse_sm90
+    cache, seam._CACHE = seam._CACHE, _SPLIT_CACHE
+    sparse_sm90.SparseAttnScoreSm90.HEAD_SPLIT = True
+    try:
+        yield
+    finally:
+        sparse_sm90.SparseAttnScoreSm90.HEAD_SPLIT = False
+        seam._CACHE = cache
 
 
 def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
@@ -46,8 +67,9 @@ def run(kind, q, k, c, idx, *, topk_length=None, cu_q=None, cu_k=None, scale=Non
         sparse_indexer_fwd(q, k, c, idx, s, st, topk_length=topk_length, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                            stream=stream)
     else:
-        sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length, cu_seqlens_q=cu_q,
-                              cu_seqlens_k=cu_k, stream=stream)
+        with schedule(kind):
+            sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length,
+                                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, stream=stream)
     return s, st
 
 
@@ -88,7 +110,8 @@ def inputs(kind, rows, sk, H, D, K, seed):
     return q, k, c
 
 
-CASES = [("indexer", 64, 128), ("indexer", 16, 64), ("indexer", 32, 128), ("attn", 128, 576), ("attn", 64, 512)]
+CASES = [("indexer", 64, 128), ("indexer", 16, 64), ("indexer", 32, 128), ("attn", 128, 576), ("attn", 64, 512),
+         (SPLIT, 128, 576), (SPLIT, 64, 512)]
 
 
 @pytest.mark.parametrize("kind,H,D", CASES)
@@ -114,7 +137,7 @@ def test_topk_length_and_invalid_blocks(kind, H, D):
     check(kind, q, k, c, idx, scale=0.05)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[5]])
 def test_thd(kind, H, D):
     cu_q = torch.tensor([0, 70, 70, 171, 172], dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0, 130, 131, 250, 250], dtype=torch.int32, device=DEV)
@@ -126,7 +149,7 @@ def test_thd(kind, H, D):
     check(kind, q, k, c, idx, topk_length=tl, cu_q=cu_q, cu_k=cu_k, scale=0.04)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[5]])
 def test_nan_only_through_valid_slots(kind, H, D):
     """A NaN key row reached only through invalid slots leaks nowhere; one reached through a valid slot poisons that
     slot's score and the row's statistic only."""
@@ -145,13 +168,14 @@ def test_nan_only_through_valid_slots(kind, H, D):
     assert int(torch.isnan(s).sum()) == int((idx[0] == 7).sum())
 
 
-def test_attn_degenerate_lse():
-    q, k, c = inputs("attn", (1, 30), 400, 128, 576, 256, 4)
+@pytest.mark.parametrize("kind", ["attn", SPLIT])
+def test_attn_degenerate_lse(kind):
+    q, k, c = inputs(kind, (1, 30), 400, 128, 576, 256, 4)
     idx = indices((1, 30), 256, 400)
     c[0, :, 3] = -1e30
     c[0, :, 4] = float("-inf")
     c[0, :, 5] = float("inf")
-    s, st = check("attn", q, k, c, idx, scale=1 / 24)
+    s, st = check(kind, q, k, c, idx, scale=1 / 24)
     assert (s[0, 5] == 0).all() and st[0, 5] == 0
 
 
@@ -182,47 +206,3 @@ def test_cuda_graph_capture(kind, H, D):
     assert not torch.isnan(s).any() and not torch.isnan(st).any()
     assert rel_rms(s, ex) < 1e-5 and rel_rms(st, ex_t) < 1e-5
 
-
-@pytest.mark.parametrize("H,D", [(128, 576), (64, 512)])
-def test_attn_head_split(monkeypatch, H, D):
-    """SparseAttnScoreSm90.HEAD_SPLIT (both consumers on every block, half of the heads each, the fp32 promotion
-    pipelined, W1's slot sums handed to W0 through shared memory): the gates of the default kernel over one and
-    several blocks a row (K 128 .. 512, an odd block count), topk_length with an all-invalid row and block, THD with an
-    empty segment and rows past the end, degenerate lse, and a NaN reaching the outputs only through a valid slot."""
-    from ops.dsa.attn_score import sparse as seam, sparse_sm90
-    monkeypatch.setattr(sparse_sm90.SparseAttnScoreSm90, "HEAD_SPLIT", True)
-    monkeypatch.setattr(seam, "_CACHE", {})
-    for Sq, Sk, K in ((1, 592, 128), (213, 1521, 512), (17, 100, 200)):
-        q, k, c = inputs("attn", (2, Sq), Sk, H, D, K, Sq + Sk + H)
-        check("attn", q, k, c, indices((2, Sq), K, Sk), scale=1 / math.sqrt(D))
-    q, k, c = inputs("attn", (1, 97), 700, H, D, 256, H + D)
-    idx = indices((1, 97), 256, 700)
-    idx[0, 5] = -1
-    idx[0, 6, 64:128] = 700
-    tl = torch.randint(-2, 300, (1, 97), device=DEV, dtype=torch.int32)
-    tl[0, 8] = 0
-    check("attn", q, k, c, idx, topk_length=tl, scale=0.05)
-    cu_q = torch.tensor([0, 70, 70, 171, 172], dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0, 130, 131, 250, 250], dtype=torch.int32, device=DEV)
-    q, k, c = inputs("attn", (180,), 260, H, D, 192, 3)
-    idx = indices((180,), 192, 130)
-    check("attn", q, k, c, idx, topk_length=torch.randint(0, 197, (180,), device=DEV, dtype=torch.int32), cu_q=cu_q,
-          cu_k=cu_k, scale=0.04)
-    q, k, c = inputs("attn", (1, 30), 400, H, D, 256, 4)
-    idx = indices((1, 30), 256, 400)
-    c[0, :, 3] = -1e30
-    c[0, :, 4] = float("-inf")
-    c[0, :, 5] = float("inf")
-    s, st = check("attn", q, k, c, idx, scale=1 / 24)
-    assert (s[0, 5] == 0).all() and st[0, 5] == 0
-    q, k, c = inputs("attn", (1, 40), 300, H, D, 128, 9)
-    idx = indices((1, 40), 128, 250, invalid_frac=0.0)
-    k[0, 280] = NAN                  # reached by no valid slot
-    k[0, 7, 0] = NAN
-    idx[0, 4, 20] = 7                # valid: row 4's slot 20 and its l1norm become NaN
-    idx[0, 4, 21] = 7 - 300          # invalid
-    s, st = run("attn", q, k, c, idx, scale=0.05)
-    ex, ex_t = reference("attn", q, k, c, idx, torch.float64, scale=0.05)
-    torch.cuda.synchronize()
-    assert torch.equal(torch.isnan(s), torch.isnan(ex)) and torch.equal(torch.isnan(st), torch.isnan(ex_t))
-    assert int(torch.isnan(s).sum()) == int((idx[0] == 7).sum())
