@@ -11,7 +11,10 @@ Status (H200, 2026-12-03): tests/gpu/test_dsa_sparse_scores.py (attention cases)
 2048, 128 heads, Dqk 576: 5.53 ms = 224 TFLOP/s, cuDNN frontend 2.78 ms in the same run (0.50x); without the
 promotion 3.46 ms (but 3-5x the float32 error): the wait per promoted group stalls this kernel far more than the
 dense one. 2026-12-04 (slot idx loaded a block ahead in the core): 5.21 ms = 238 TFLOP/s, cuDNN 2.78 (0.53x); tests
-and sanitizers pass.
+and sanitizers pass. The promotion's wait per group is what this kernel loses to cuDNN (without it 3.46 ms): the
+HEAD_SPLIT schedule (ops/common/sparse_head_sum_sm90.py) pipelines it at half the heads a consumer; CPU-compiled on
+2026-12-05; its GPU tests (the "attn-split" cases of tests/gpu/test_dsa_sparse_scores.py), sanitizer rows and A/B
+(bench/ab_attn_score.py) wait for the device.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue
