@@ -79,7 +79,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Major
-from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
@@ -407,17 +406,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                # P and dS to shared memory by stmatrix (P_STMATRIX: 8 x 8 b16 matrices, four an instruction, one row
-                # address a thread per 8 elements instead of one per 2: fewer live swizzled addresses), else by
-                # element-pair stores through the accumulator's partition
-                r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), dt), mma_sdp)
-                thr_r2s = r2s.get_slice(ctid)
-                if cutlass.const_expr(self.P_STMATRIX):
-                    tPsP = thr_r2s.partition_D(sPw)
-                    tPsdS = thr_r2s.partition_D(sdSw)
-                else:
-                    tPsP = thr_sdp.partition_C(sPw)
-                    tPsdS = thr_sdp.partition_C(sdSw)
+                r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -468,12 +457,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                     slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
                     rP.store(acc_S.load().to(dt))
                     rdS.store(acc_dP.load().to(dt))
-                    if cutlass.const_expr(self.P_STMATRIX):
-                        cute.copy(r2s, thr_r2s.retile(rP), tPsP)
-                        cute.copy(r2s, thr_r2s.retile(rdS), tPsdS)
-                    else:
-                        cute.autovec_copy(rP, tPsP)
-                        cute.autovec_copy(rdS, tPsdS)
+                    self._store_tile(r2s, thr_r2s, rP, tPsP)
+                    self._store_tile(r2s, thr_r2s, rdS, tPsdS)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
