@@ -17,29 +17,17 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from flash_attention import _ws_alloc  # noqa: E402  (bench/flash_attention.py: the seam's workspace allocator)
 from ops.flash_attention import bwd as seam  # noqa: E402
 from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast as Kernel  # noqa: E402
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
 
-def workspace():
-    """The seam's workspace allocator: one buffer per (shape, dtype), reused across calls."""
-    cache = {}
-    dts = {"float32": torch.float32, "int32": torch.int32}
-
-    def alloc(shape, dtype):
-        key = (tuple(int(s) for s in shape), dtype)
-        if key not in cache:
-            cache[key] = torch.empty(key[0], dtype=dts[dtype], device="cuda")
-        return cache[key]
-    return alloc
-
-
 def main(a):
     B, H, S = 2, 16, 8192
     st = torch.cuda.current_stream().cuda_stream
-    ws = workspace()
+    ws = _ws_alloc()
     caches = {False: {}, True: {}}      # the seam's compile cache per setting: each variant compiles once
     print(f"# flash backward P / dS stores, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
     print(f"{'row':30s} {'element pairs':>13s} {'stmatrix':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
