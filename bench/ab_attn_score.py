@@ -1,7 +1,7 @@
 """Same-run A/B of the sparse attention-score recompute's two schedules (ops/dsa/attn_score/sparse_sm90.py on
-ops/common/sparse_head_sum_sm90.py): the default (each consumer its own 64-slot blocks over all heads, the fp32
-promotion waiting for each group) against HEAD_SPLIT (both consumers on every block, half of the heads each, the
-promotion pipelined, W1's slot sums handed to W0 through shared memory).
+ops/common/sparse_head_sum_sm90.py): the lockstep schedule (each consumer its own 64-slot blocks over all heads, the
+fp32 promotion waiting for each group) against HEAD_SPLIT, the default since 2026-12-05 (both consumers on every
+block, half of the heads each, the promotion pipelined, W1's slot sums handed to W0 through shared memory).
 
 With --dense, also the dense recompute's promotion (ops/dsa/attn_score/dense_sm90.py on ops/common/head_sum_sm90.py, PROMOTE_LAG:
 the groups pipelined with a third accumulator, which compiles without spills there) against its default, at the
@@ -9,8 +9,8 @@ dense bench row: Sq = Sk = 8K causal, 128 heads, Dqk 576 (TFLOP/s over the visib
 
 Shape: the bench row of bench/dsa_indexer.py ("sparse attn rec."): B 1, Sq 4K, Skv 8K, top-k 2048 (5 % of the indices
 invalid), Dqk 576, heads 128 and 64. Both schedules run through the seam on the same inputs; the scores and the
-l1norm of HEAD_SPLIT are compared with the default's (relative to the largest magnitude: the head sums are added in
-another order, so they differ by rounding only). TFLOP/s = 2 Sq K H Dqk / time. cuDNN frontend's row is
+l1norm of HEAD_SPLIT are compared with the lockstep schedule's (relative to the largest magnitude: the head sums are
+added in another order, so they differ by rounding only). TFLOP/s = 2 Sq K H Dqk / time. cuDNN frontend's row is
 bench/dsa_indexer.py --rows "sparse attn rec." in the same call.
 
 Run:  python bench/ab_attn_score.py [--iters N] [--dense]
@@ -78,7 +78,8 @@ def dense_rows(a, st):
 def main(a):
     st = torch.cuda.current_stream().cuda_stream
     print(f"# sparse attention-score recompute schedules, {torch.cuda.get_device_name()}")
-    print(f"{'row':34s} {'ms':>8s} {'TFLOP/s':>8s}  rel diff scores / l1norm vs default")
+    print(f"{'row':34s} {'ms':>8s} {'TFLOP/s':>8s}  rel diff scores / l1norm vs lockstep")
+    default = Kernel.HEAD_SPLIT
     for H in (128, 64):
         q, kv, lse, idx, flops = case(H)
         ref = None
@@ -89,7 +90,7 @@ def main(a):
             l1 = torch.full(idx.shape[:-1], float("nan"), device="cuda")
             t, _ = device_time(lambda: seam.sparse_attn_score_fwd(q, kv, lse, idx, s, l1, softmax_scale=576 ** -0.5,
                                                                   stream=st), a.iters)
-            name = f"H{H} {'HEAD_SPLIT' if split else 'default'}"
+            name = f"H{H} {'HEAD_SPLIT' if split else 'lockstep'}"
             diff = "-"
             if ref is None:
                 ref = (s.clone(), l1.clone())
@@ -98,7 +99,7 @@ def main(a):
                 diff = f"{ds:.1e} / {dl:.1e}" + ("  NaN!" if bool(torch.isnan(s).any() or torch.isnan(l1).any())
                                                   else "")
             print(f"{name:34s} {t * 1e3:8.3f} {flops / t / 1e12:8.1f}  {diff}", flush=True)
-    Kernel.HEAD_SPLIT = False
+    Kernel.HEAD_SPLIT = default
     seam._CACHE.clear()
     if a.dense:
         dense_rows(a, st)

@@ -64,8 +64,10 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
 
 P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
 spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
-addresses of the element-pair stores were what spilled); NOT yet run on a GPU (tests/gpu/check_flash_bwd.sh: the
-suite, sanitizers and the same-run A/B bench/ab_flash_bwd.py). The statements below are of the element-pair form.
+addresses of the element-pair stores were what spilled). H200 2026-12-05 (tests/gpu/check_flash_bwd.sh): test_flash_bwd
+238 passed, sanitize_bwd racecheck 0 hazards / memcheck 0 errors; bench/ab_flash_bwd.py, B2 H16 S8K, element pairs ->
+stmatrix: D 128 451 -> 464 TFLOP/s (1.03x), causal 410 -> 424 (1.03x), ordered 317 -> 322 / 315 -> 319, D 64 315 ->
+316 / 291 -> 291 (dK, dV bitwise equal). The statements below are of the element-pair form.
 
 Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
 launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted

@@ -41,9 +41,9 @@ KERNELS = {
                          "False))",
     "sparse_attn_scores": "from ops.dsa.attn_score import sparse as m; m.compile_variant(m.variant_key(576, 128, "
                           "False, True))",
-    "sparse_attn_scores_head_split": "from ops.dsa.attn_score import sparse as m, sparse_sm90 as k; "
-                                     "k.SparseAttnScoreSm90.HEAD_SPLIT = True; "
-                                     "m.compile_variant(m.variant_key(576, 128, True, True))",
+    "sparse_attn_scores_lockstep": "from ops.dsa.attn_score import sparse as m, sparse_sm90 as k; "
+                                   "k.SparseAttnScoreSm90.HEAD_SPLIT = False; "
+                                   "m.compile_variant(m.variant_key(576, 128, True, True))",
     "sparse_attn_fwd": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True))",
     "sparse_attn_bwd": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, 512, 128, "

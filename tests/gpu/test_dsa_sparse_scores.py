@@ -2,12 +2,10 @@
 float64 (tests/gpu/dsa_ref.py): scores and statistics NaN-poisoned, gates as the dense tests (2x the float32
 implementation's rel_rms; the -inf / 0 pattern of invalid slots exact; no NaN/inf for finite inputs).
 Slots: indices drawn from [-3, Sk + 5) (negative and past-the-end ones invalid), duplicates, topk_length random or
-0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1]. Kind
-"attn-split" is the attention kernel with SparseAttnScoreSm90.HEAD_SPLIT on (ops/common/sparse_head_sum_sm90.py: both
-consumers on every block at half the heads, W1's slot sums handed to W0), through the same cases and gates.
+0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1]. The
+attention kernel runs its HEAD_SPLIT schedule (ops/common/sparse_head_sum_sm90.py, on since 2026-12-05).
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_scores.py
 """
-import contextlib
 import math
 import os
 import sys
@@ -28,26 +26,6 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
-SPLIT = "attn-split"
-_SPLIT_CACHE = {}
-
-
-@contextlib.contextmanager
-def schedule(kind):
-    """The attention kernel's HEAD_SPLIT schedule for kind SPLIT (its own compile cache), the default otherwise."""
-    if kind != SPLIT:
-        yield
-        return
-    from ops.dsa.attn_score import sparse as seam, sparse_sm90
-    cache, seam._CACHE = seam._CACHE, _SPLIT_CACHE
-    sparse_sm90.SparseAttnScoreSm90.HEAD_SPLIT = True
-    try:
-        yield
-    finally:
-        sparse_sm90.SparseAttnScoreSm90.HEAD_SPLIT = False
-        seam._CACHE = cache
-
-
 def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
     return (torch.randn(*shape, device=DEV) * scale).to(dtype)
 
@@ -67,9 +45,8 @@ def run(kind, q, k, c, idx, *, topk_length=None, cu_q=None, cu_k=None, scale=Non
         sparse_indexer_fwd(q, k, c, idx, s, st, topk_length=topk_length, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                            stream=stream)
     else:
-        with schedule(kind):
-            sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length,
-                                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, stream=stream)
+        sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length,
+                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, stream=stream)
     return s, st
 
 
@@ -110,8 +87,7 @@ def inputs(kind, rows, sk, H, D, K, seed):
     return q, k, c
 
 
-CASES = [("indexer", 64, 128), ("indexer", 16, 64), ("indexer", 32, 128), ("attn", 128, 576), ("attn", 64, 512),
-         (SPLIT, 128, 576), (SPLIT, 64, 512)]
+CASES = [("indexer", 64, 128), ("indexer", 16, 64), ("indexer", 32, 128), ("attn", 128, 576), ("attn", 64, 512)]
 
 
 @pytest.mark.parametrize("kind,H,D", CASES)
@@ -137,7 +113,7 @@ def test_topk_length_and_invalid_blocks(kind, H, D):
     check(kind, q, k, c, idx, scale=0.05)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[5]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[4]])
 def test_thd(kind, H, D):
     cu_q = torch.tensor([0, 70, 70, 171, 172], dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0, 130, 131, 250, 250], dtype=torch.int32, device=DEV)
@@ -149,7 +125,7 @@ def test_thd(kind, H, D):
     check(kind, q, k, c, idx, topk_length=tl, cu_q=cu_q, cu_k=cu_k, scale=0.04)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[5]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[4]])
 def test_nan_only_through_valid_slots(kind, H, D):
     """A NaN key row reached only through invalid slots leaks nowhere; one reached through a valid slot poisons that
     slot's score and the row's statistic only."""
@@ -168,8 +144,8 @@ def test_nan_only_through_valid_slots(kind, H, D):
     assert int(torch.isnan(s).sum()) == int((idx[0] == 7).sum())
 
 
-@pytest.mark.parametrize("kind", ["attn", SPLIT])
-def test_attn_degenerate_lse(kind):
+def test_attn_degenerate_lse():
+    kind = "attn"
     q, k, c = inputs(kind, (1, 30), 400, 128, 576, 256, 4)
     idx = indices((1, 30), 256, 400)
     c[0, :, 3] = -1e30
