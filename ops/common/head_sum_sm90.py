@@ -74,6 +74,18 @@ def issue_group(mma: cute.TiledMma, mma_acc: cute.TiledMma, dst: cute.Tensor, tS
     warpgroup.commit_group()
 
 
+def block_accumulators(thr, shape, promote: int, lag: bool):
+    """A block's wgmma accumulator and mma_block's partial ones, (acc, part, part2): part is acc itself without the
+    fp32 promotion, part2 exists only with the pipelined promotion (lag)."""
+    acc = thr.make_fragment_C(thr.partition_shape_C(shape))
+    part, part2 = acc, None
+    if promote > 0:
+        part = thr.make_fragment_C(thr.partition_shape_C(shape))
+        if lag:
+            part2 = thr.make_fragment_C(thr.partition_shape_C(shape))
+    return acc, part, part2
+
+
 @cute.jit
 def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, part: cute.Tensor,
               tSrK: cute.Tensor, tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32,
@@ -365,12 +377,7 @@ class HeadSumScoresSm90:
 
             cute.arch.mbarrier_wait(q_bar, 0)
             for n in cutlass.range(cwg, n_hi, 2, unroll=1):
-                acc = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
-                part, part2 = acc, None
-                if cutlass.const_expr(self.PROMOTE > 0):
-                    part = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
-                    if cutlass.const_expr(self.PROMOTE_LAG):
-                        part2 = thr.make_fragment_C(thr.partition_shape_C((BK, N)))
+                acc, part, part2 = block_accumulators(thr, (BK, N), self.PROMOTE, self.PROMOTE_LAG)
                 # chunks this consumer's half ring served before block n: (n // 2) * NC
                 mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
                           self.PROMOTE, part2)

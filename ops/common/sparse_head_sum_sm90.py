@@ -52,7 +52,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from .gather_sm90 import find_sequence, publish
-from .head_sum_sm90 import mma_block, ring_state
+from .head_sum_sm90 import block_accumulators, mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
 BK = 64
@@ -312,12 +312,7 @@ class SparseHeadSumSm90:
                         kcur[r] = praw[r]
                     if n + 2 < n_blk:                 # next block's idx in flight during this block's wgmmas
                         self.prefetch_idx(praw, mIdx, batch, row, n + 2, c_mn, n_slots)
-                    acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                    part, part2 = acc, None
-                    if cutlass.const_expr(self.PROMOTE > 0):
-                        part = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                        if cutlass.const_expr(self.PROMOTE_LAG):
-                            part2 = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                    acc, part, part2 = block_accumulators(thr, (BK, H), self.PROMOTE, self.PROMOTE_LAG)
                     mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
                               self.PROMOTE, part2)
                     s_mn = acc_mn_view(acc)
@@ -386,9 +381,7 @@ class SparseHeadSumSm90:
             if cwg == 0:
                 if n + 1 < n_blk:
                     self.prefetch_idx(praw, mIdx, batch, row, n + 1, c_mn, n_slots)
-            acc = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
-            part = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
-            part2 = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
+            acc, part, part2 = block_accumulators(thr, (BK, NQ), self.PROMOTE, True)
             mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, Int32(0), n * NC, NC, kpc,
                       self.PROMOTE, part2, 1)
             s_mn = acc_mn_view(acc)
