@@ -74,6 +74,18 @@ def issue_group(mma: cute.TiledMma, mma_acc: cute.TiledMma, dst: cute.Tensor, tS
     warpgroup.commit_group()
 
 
+def consumer_operands(mma: cute.TiledMma, mma_acc: cute.TiledMma, ctid, sK, sQ, shape):
+    """A consumer thread's wgmma operands (A = the ring's key-row chunks, B = the resident Q), the identity view of a
+    block's accumulator (shape = (BK, heads)), and the ACCUMULATE fields of the first and the later k-blocks."""
+    thr = mma.get_slice(ctid % 128)
+    tSrK = thr.make_fragment_A(thr.partition_A(sK))
+    tSrQ = thr.make_fragment_B(thr.partition_B(sQ))
+    c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor(shape)))
+    mma.set(warpgroup.Field.ACCUMULATE, False)
+    mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+    return thr, tSrK, tSrQ, c_mn
+
+
 def block_accumulators(thr, shape, promote: int, lag: bool):
     """A block's wgmma accumulator and mma_block's partial ones, (acc, part, part2): part is acc itself without the
     fp32 promotion, part2 exists only with the pipelined promotion (lag)."""
@@ -361,12 +373,7 @@ class HeadSumScoresSm90:
                     sC[col] = v
             pipeline.NamedBarrier(barrier_id=1, num_threads=256).arrive_and_wait()   # sC written by all 256
 
-            thr = mma.get_slice(ctid % 128)
-            tSrK = thr.make_fragment_A(thr.partition_A(sK))
-            tSrQ = thr.make_fragment_B(thr.partition_B(sQ2))
-            c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, N))))
-            mma.set(warpgroup.Field.ACCUMULATE, False)
-            mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+            thr, tSrK, tSrQ, c_mn = consumer_operands(mma, mma_acc, ctid, sK, sQ2, (BK, N))
             kpc = DC // 16       # k-blocks per chunk
 
             lim_own = cute.make_rmem_tensor((NO,), Int32)

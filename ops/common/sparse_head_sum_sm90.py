@@ -52,7 +52,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from .gather_sm90 import find_sequence, publish
-from .head_sum_sm90 import block_accumulators, mma_block, ring_state
+from .head_sum_sm90 import block_accumulators, consumer_operands, mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
 BK = 64
@@ -291,12 +291,7 @@ class SparseHeadSumSm90:
                 self.blocks_split(pipe, hpipe, sK, sQ, sC, sPart, mma, mma_acc, mIdx, mLen, mS, stat, scale, batch,
                                   row, n_slots, n_blk, seqlen_k, q_bar, ctid, cwg)
             else:
-                thr = mma.get_slice(ctid % 128)
-                tSrK = thr.make_fragment_A(thr.partition_A(sK))
-                tSrQ = thr.make_fragment_B(thr.partition_B(sQ2))
-                c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, H))))
-                mma.set(warpgroup.Field.ACCUMULATE, False)
-                mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+                thr, tSrK, tSrQ, c_mn = consumer_operands(mma, mma_acc, ctid, sK, sQ2, (BK, H))
                 kpc = DC // 16
                 n_valid = n_slots                     # slots past topk_length are invalid (loaded once, not per block)
                 if cutlass.const_expr(self.has_length):
@@ -358,12 +353,7 @@ class SparseHeadSumSm90:
         stores the scores and keeps the statistic (W1's stays the empty one)."""
         NQ, NC = self.NQ, self.NC
         quad = ctid % 4
-        thr = mma.get_slice(ctid % 128)
-        tSrK = thr.make_fragment_A(thr.partition_A(sK))
-        tSrQ = thr.make_fragment_B(thr.partition_B(sQ[None, None, cwg]))
-        c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, NQ))))
-        mma.set(warpgroup.Field.ACCUMULATE, False)
-        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        thr, tSrK, tSrQ, c_mn = consumer_operands(mma, mma_acc, ctid, sK, sQ[None, None, cwg], (BK, NQ))
         kpc = self.DC // 16
         n_valid = n_slots
         if cutlass.const_expr(self.has_length):
