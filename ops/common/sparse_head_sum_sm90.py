@@ -25,18 +25,18 @@ columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 thread
     two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store
     (lanes quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
     lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
-HEAD_SPLIT (a class knob: on for the attention variant, off for the indexer, whose PROMOTE is 0; bench/ab_attn_score.py
-is the A/B of the two schedules): both consumers take every block, consumer w the heads [w H/2, w H/2 + H/2) (B = its
-half of Q, loaded as two TMA tiles; wgmma N = H/2);
-the ring is one ring both read (256 arrivals a chunk, chunk g in stage g % STAGES), and the fp32 promotion is the
-pipelined form (mma_block with a second partial accumulator, 3 x 32 registers at N = 64: no wait per group, which
-the lockstep schedule's 64-register accumulators cannot afford). W1 sums f over its heads per slot and hands the 64 sums of a
-block to W0 through sPart[n % 2] (a 2-stage PipelineAsync on mbarriers: W1's 128 threads arrive on the full barrier
-after their stores, W0 waits, reads and arrives on the empty barrier W1 waits on before rewriting the stage); W0 adds
-them to its own, masks, stores and keeps the statistic (W1's stays the empty one, the merge's identity). The lag
-condition and the handoff are modelled in tests/test_sparse_head_sum_split_protocol.py. H200 2026-12-05: 1.5x the
-lockstep schedule on the attention recompute (ops/dsa/attn_score/sparse_sm90.py has the figures), tests and sanitizers
-clean; all 8 attention variants compile without spills.
+HEAD_SPLIT (a class knob: on for the attention variant, off for the indexer, whose PROMOTE is 0;
+bench/ab_attn_score.py is the A/B of the two schedules): both consumers take every block, consumer w the heads [w H/2,
+w H/2 + H/2) (B = its half of Q, loaded as two TMA tiles; wgmma N = H/2); the ring is one ring both read (256 arrivals
+a chunk, chunk g in stage g % STAGES), and the fp32 promotion is the pipelined form (mma_block with a second partial
+accumulator, 3 x 32 registers at N = 64: no wait per group, which the lockstep schedule's 64-register accumulators
+cannot afford). W1 sums f over its heads per slot and hands the 64 sums of a block to W0 through sPart[n % 2] (a
+2-stage PipelineAsync on mbarriers: W1's 128 threads arrive on the full barrier after their stores, W0 waits, reads
+and arrives on the empty barrier W1 waits on before rewriting the stage); W0 adds them to its own, masks, stores and
+keeps the statistic (W1's stays the empty one, the merge's identity). The lag condition and the handoff are modelled
+in tests/test_sparse_head_sum_split_protocol.py. H200 2026-12-05: 1.5x the lockstep schedule on the attention
+recompute (ops/dsa/attn_score/sparse_sm90.py has the figures), tests and sanitizers clean; all 8 attention variants
+compile without spills.
 Layouts. Dense: q [B,Sq,H,D], k [B,Sk,D], idx int32 [B,Sq,K], topk_length int32 [B,Sq], scores fp32 [B,Sq,K],
 stat fp32 [B,Sq]. THD: q [Tq,H,D], k [Tk,D], idx [Tq,K] (local to the row's sequence), topk_length [Tq], scores
 [Tq,K], stat [Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide 32-ary search of
@@ -69,7 +69,7 @@ class SparseHeadSumSm90:
     PROMOTE = 0        # k-blocks per fp32 promotion of the wgmma sums (head_sum_sm90.mma_block); 0: none
     PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
     MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
-    HEAD_SPLIT = False   # both consumers on every block, each on half of the heads (module docstring); the attention's on
+    HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
@@ -317,15 +317,7 @@ class SparseHeadSumSm90:
                         cv = sC[c_mn[0, c][1]]
                         for r in cutlass.range_constexpr(2):
                             sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
-                    for r in cutlass.range_constexpr(2):
-                        j = n * BK + c_mn[r, 0][0]
-                        valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
-                        v = Float32(cutlass.select_(valid, quad_sum(sums[r]), Float32(self.MASK)))
-                        if quad == r:
-                            if j < n_slots:
-                                mS[self.out_coord(batch, row, j)] = v
-                        sums[r] = v
-                    self.stat_update(stat, 0, sums[0], sums[1])
+                    self.store_block(sums, kcur, c_mn, n, n_valid, n_slots, seqlen_k, quad, mS, stat, batch, row, True)
             # statistic: lanes xor 4, 8, 16 (rows), then the 8 consumer warps
             a, bb = stat[0, 0], stat[1, 0]
             for off in cutlass.range_constexpr(3):
@@ -396,15 +388,24 @@ class SparseHeadSumSm90:
                 for r in cutlass.range_constexpr(2):
                     sums[r] = sums[r] + sPart[st.index, c_mn[r, 0][0]]
                 hpipe.consumer_release(st)           # after this thread's reads
-                for r in cutlass.range_constexpr(2):
-                    j = n * BK + c_mn[r, 0][0]
-                    valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
-                    v = Float32(cutlass.select_(valid, sums[r], Float32(self.MASK)))
-                    if quad == r:
-                        if j < n_slots:
-                            mS[self.out_coord(batch, row, j)] = v
-                    sums[r] = v
-                self.stat_update(stat, 0, sums[0], sums[1])
+                self.store_block(sums, kcur, c_mn, n, n_valid, n_slots, seqlen_k, quad, mS, stat, batch, row)
+
+    @cute.jit
+    def store_block(self, sums, kcur, c_mn, n: Int32, n_valid: Int32, n_slots: Int32, seqlen_k: Int32, quad: Int32,
+                    mS: cute.Tensor, stat, batch: Int32, row: Int32, quad_reduce: cutlass.Constexpr = False):
+        """Block n's head sums of this thread's two slots (summed over the quad here when quad_reduce, else already)
+        -> MASK where the slot is invalid (past topk_length, idx < 0 or >= Sk: a select, never arithmetic), stored by
+        lanes quad 0 and 1 (rows r and r + 8), and added to the row statistic."""
+        for r in cutlass.range_constexpr(2):
+            j = n * BK + c_mn[r, 0][0]
+            valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
+            h = quad_sum(sums[r]) if cutlass.const_expr(quad_reduce) else sums[r]
+            v = Float32(cutlass.select_(valid, h, Float32(self.MASK)))
+            if quad == r:
+                if j < n_slots:
+                    mS[self.out_coord(batch, row, j)] = v
+            sums[r] = v
+        self.stat_update(stat, 0, sums[0], sums[1])
 
     @cute.jit
     def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):

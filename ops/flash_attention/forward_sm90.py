@@ -13,12 +13,11 @@ Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), 
 MHA form, (192, 192), (256, 256)); out has Dv columns.
 
 Tiling. One CTA = BM query rows of one (batch, head) (supported.fwd_block_m: 192 for (64, 64) without a bounded
-mask, else 128) = one
-producer and BM / 64 consumer warpgroups (384 or 512 threads; setmaxnreg 24 / 240 or 24 / 160):
+mask, else 128) = one producer and BM / 64 consumer warpgroups (384 or 512 threads; setmaxnreg 24 / 240 or 24 / 160):
   - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (BM x D) once,
     then for each visible key block n: K_n (BN x D, K-major) and V_n (read as Dv x BN, MN-major) into a
-    ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 4 x BM / 64 consumer
-    warps).
+    ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 4 x BM / 64
+    consumer warps).
   - warpgroups 1.. (consumers): each owns 64 of the BM rows (the tiled MMA has BM / 64 atoms along M).
     Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> scale, mask (only on blocks that need it),
     online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x Dv x 16 atoms).
