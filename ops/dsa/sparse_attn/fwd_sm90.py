@@ -104,6 +104,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
     #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
     GATHER_PERIOD = 2
+    QK_EARLY = 0   # 1: W0 issues the next pair's S right behind its P V on sS1 (no wait between); A/B on the device
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -316,52 +317,79 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         row_max, row_sum = softmax_state(2)
         corr = cute.make_rmem_tensor((2,), Float32)
         m_use = cute.make_rmem_tensor((2,), Float32)
+        acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
+        rP = cute.make_rmem_tensor(acc_s.layout, self.dt)                  # bf16 P: the RS operand, then stmatrix
+        st = (row_max, row_sum, corr, m_use, acc_s, rP, acc_o)
+        frags = (tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s)
         cute.arch.mbarrier_wait(q_bar, 0)
-        for i in cutlass.range(n_pair, unroll=1):
-            n = 2 * i
-            acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
-            rP = cute.make_rmem_tensor(acc_s.layout, self.dt)              # bf16 P: the RS operand, then stmatrix
-            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, tuple(range(NC)))
-            warpgroup.wait_group(0)
-            s_mn = acc_mn_view(acc_s)
-            self.mask_scale(s_mn, s_id, sRows, 0, scale_log2, corr)          # corr: the block's row max
-            for r in cutlass.range_constexpr(2):
-                m_new = cute.arch.fmax(row_max[r], corr[r])
-                self.exp_row(s_mn, r, m_new, row_max, row_sum, corr, m_use)
-                if ctid % 4 == 0:
-                    sRed[0, s_id[r, 0][0]] = m_new
-            pipeline.NamedBarrier(barrier_id=M0_BAR, num_threads=256).arrive()         # m0 -> W1
-            rescale_rows(acc_mn_view(acc_o), corr)
-            rP.store(acc_s.load().to(self.dt))
-            warpgroup.fence()
-            self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
-            pipeline.NamedBarrier(barrier_id=M1_BAR, num_threads=256).arrive_and_wait()  # m1 written by W1
-            warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
-            self.done(pipe, n, tuple(range(2 * VQ)))                   # slot 0: Q K^T and V-left read, V-right never
-            self.done(pipe, n + 1, tuple(range(VQ, NC)))               # slot 1: W0 never reads these
-            for r in cutlass.range_constexpr(2):
-                m1 = sRed[1, s_id[r, 0][0]]
-                m1_use = Float32(cutlass.select_(m1 == -Float32.inf, Float32(0.0), m1))
-                corr[r] = cute.math.exp2(row_max[r] - m1_use, fastmath=True)     # <= 1 (0 while m0 = -inf)
-                row_max[r] = m1
-                row_sum[r] = row_sum[r] * corr[r]
-            s_mn2 = acc_mn_view(acc_s)
-            rP_mn = acc_mn_view(rP)
-            for r in cutlass.range_constexpr(2):
-                for ci in cutlass.range_constexpr(cute.size(s_mn2, mode=[1])):
-                    rP_mn[r, ci] = self.dt(s_mn2[r, ci] * corr[r])
-            cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[0]))
-            cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
-            if cutlass.const_expr(self.s0_in_rope):
-                self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
-            pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive()         # every writer of sS0
-            pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive_and_wait()  # sS1 complete
-            rescale_rows(acc_mn_view(acc_o), corr)
-            warpgroup.fence()
-            self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
-            warpgroup.wait_group(0)
-            self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+        if cutlass.const_expr(self.QK_EARLY):
+            # S of the pair's block a issued at the end of the pair before (right behind the P V on sS1): the loop
+            # is peeled so that no wgmma sits behind a condition (ptxas would serialize them)
+            if n_pair > 0:
+                self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, Int32(0), tuple(range(NC)))
+                for i in cutlass.range(n_pair - 1, unroll=1):
+                    self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * i, st, frags, False, True)
+                self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * n_pair - 2, st, frags, False,
+                                False)
+        else:
+            for i in cutlass.range(n_pair, unroll=1):
+                self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * i, st, frags, True, False)
         return acc_o, row_max, row_sum, s_id
+
+    @cute.jit
+    def first_pair(self, pipe, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32, n: Int32, st, frags,
+                   qk_now: cutlass.Constexpr, qk_next: cutlass.Constexpr):
+        """W0's part of the pair (n, n + 1): qk_now issues S(n) first (else it was issued by the pair before);
+        qk_next issues S(n + 2) behind the P V on sS1 and waits only for that P V."""
+        qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
+        NC = self.NC
+        row_max, row_sum, corr, m_use, acc_s, rP, acc_o = st
+        tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s = frags
+        if cutlass.const_expr(qk_now):
+            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, tuple(range(NC)))
+        warpgroup.wait_group(0)
+        s_mn = acc_mn_view(acc_s)
+        self.mask_scale(s_mn, s_id, sRows, 0, scale_log2, corr)          # corr: the block's row max
+        for r in cutlass.range_constexpr(2):
+            m_new = cute.arch.fmax(row_max[r], corr[r])
+            self.exp_row(s_mn, r, m_new, row_max, row_sum, corr, m_use)
+            if ctid % 4 == 0:
+                sRed[0, s_id[r, 0][0]] = m_new
+        pipeline.NamedBarrier(barrier_id=M0_BAR, num_threads=256).arrive()         # m0 -> W1
+        rescale_rows(acc_mn_view(acc_o), corr)
+        rP.store(acc_s.load().to(self.dt))
+        warpgroup.fence()
+        self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
+        pipeline.NamedBarrier(barrier_id=M1_BAR, num_threads=256).arrive_and_wait()  # m1 written by W1
+        warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
+        self.done(pipe, n, tuple(range(2 * VQ)))                   # slot 0: Q K^T and V-left read, V-right never
+        self.done(pipe, n + 1, tuple(range(VQ, NC)))               # slot 1: W0 never reads these
+        for r in cutlass.range_constexpr(2):
+            m1 = sRed[1, s_id[r, 0][0]]
+            m1_use = Float32(cutlass.select_(m1 == -Float32.inf, Float32(0.0), m1))
+            corr[r] = cute.math.exp2(row_max[r] - m1_use, fastmath=True)     # <= 1 (0 while m0 = -inf)
+            row_max[r] = m1
+            row_sum[r] = row_sum[r] * corr[r]
+        s_mn2 = acc_mn_view(acc_s)
+        rP_mn = acc_mn_view(rP)
+        for r in cutlass.range_constexpr(2):
+            for ci in cutlass.range_constexpr(cute.size(s_mn2, mode=[1])):
+                rP_mn[r, ci] = self.dt(s_mn2[r, ci] * corr[r])
+        cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[0]))
+        cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
+        if cutlass.const_expr(self.s0_in_rope):
+            self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
+        pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive()         # every writer of sS0
+        pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive_and_wait()  # sS1 complete
+        rescale_rows(acc_mn_view(acc_o), corr)
+        warpgroup.fence()
+        self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
+        if cutlass.const_expr(qk_next):
+            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(NC)))
+            warpgroup.wait_group(1)                                    # the P V on sS1 retired (S(n + 2) may not)
+        else:
+            warpgroup.wait_group(0)
+        self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
 
     @cute.jit
     def consume_second(self, pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
