@@ -49,7 +49,12 @@ rewritten (512) only after W1's P V on it retired (W1 releases slot 0's chunks a
 M1_BAR). kv chunks: cp.async / zero stores ordered by the full mbarrier (128 producer arrivals); every consumer
 thread arrives once on each chunk's empty mbarrier per block (256 arrivals), after its last read of that chunk and
 only after waiting on the chunk's full barrier of the same block itself (so an arrival can never count toward the
-block before: a chunk a consumer never reads it waits on, already complete, and frees at once). sRows[n % 2]:
+block before: a chunk a consumer never reads it waits on, already complete, and frees at once); a consumer also
+waits itself on the other slot's chunks before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
+wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1
+comes before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points
+together; QK_EARLY issues the next S's V-left chunks, releases, then the rest); the model in
+tests/test_sparse_attn_pingpong_protocol.py runs the whole protocol for every LAG, Dqk and pair count. sRows[n % 2]:
 written by 16 producer threads after chunk 0 of block n was acquired, read by the block's owner after its Q K^T
 waits, before it frees chunk 0. sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256
 consumer threads), then the TMA store issued by one elected lane of that consumer's first warp, which waits until
@@ -104,7 +109,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
     #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
     GATHER_PERIOD = 2
-    QK_EARLY = 0   # 1: W0 issues the next pair's S right behind its P V on sS1 (no wait between); A/B on the device
+    QK_EARLY = 0   # 1: W0 issues the next pair's S (V-left chunks first) right behind its P V on sS1; A/B on the device
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -324,7 +329,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.arch.mbarrier_wait(q_bar, 0)
         if cutlass.const_expr(self.QK_EARLY):
             # S of the pair's block a issued at the end of the pair before (right behind the P V on sS1): the loop
-            # is peeled so that no wgmma sits behind a condition (ptxas would serialize them)
+            # is peeled so that no wgmma inside it sits behind a condition (ptxas serializes such wgmmas; the peeled
+            # form as a whole is behind n_pair > 0, which test_wgmma_serialization checks)
             if n_pair > 0:
                 self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, Int32(0), tuple(range(NC)))
                 for i in cutlass.range(n_pair - 1, unroll=1):
@@ -381,15 +387,21 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
         pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive()         # every writer of sS0
         pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive_and_wait()  # sS1 complete
+        self.wait_chunks(pipe, n + 1, tuple(range(VQ)))            # slot 1's V-left (complete: W1 read them)
         rescale_rows(acc_mn_view(acc_o), corr)
         warpgroup.fence()
         self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
         if cutlass.const_expr(qk_next):
-            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(NC)))
+            # S(n + 2) over its V-left chunks only: they are published before any chunk whose acquire needs the release
+            # below (b + 2's chunk 0 comes after a + 2's chunk 8 in the fill order, and a chunk is published only LAG
+            # acquires later), so waiting on a + 2's other chunks before that release would deadlock
+            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(VQ)))
             warpgroup.wait_group(1)                                    # the P V on sS1 retired (S(n + 2) may not)
+            self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(VQ, NC)), True)
         else:
             warpgroup.wait_group(0)
-        self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+            self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
 
     @cute.jit
     def consume_second(self, pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
@@ -431,12 +443,14 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             pipeline.NamedBarrier(barrier_id=M1_BAR, num_threads=256).arrive()         # m1 -> W0
             rescale_rows(acc_mn_view(acc_o), corr)
             rP.store(acc_s.load().to(self.dt))
-            warpgroup.fence()
-            self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
+            # sS1 first: no instruction may read rP while the RS wgmma below (A = rP) is in flight (PTX: undefined)
             cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[1]))
             cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
             pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive()         # every writer of sS1
+            warpgroup.fence()
+            self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
             pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive_and_wait()  # sS0 complete
+            self.wait_chunks(pipe, n - 1, tuple(range(VQ, 2 * VQ)))    # slot 0's V-right (complete: W0 read them)
             warpgroup.fence()
             self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
             warpgroup.wait_group(1)                                    # own P V retired
@@ -447,9 +461,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
-    def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr):
+    def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr,
+                 cont: cutlass.Constexpr = False):
         """S(n) = Q K_n^T over the chunks in the given order: wait each chunk's full barrier, then its 4 k-blocks;
-        one committed group."""
+        one committed group. cont: the chunks continue a sum already issued (no overwrite on the first k-block)."""
         kpc = DC // 16
         for j in cutlass.range_constexpr(len(chunks)):
             c = chunks[j]
@@ -457,7 +472,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             pipe.consumer_wait(st)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(kpc):
-                cute.gemm(qk_mma if j == 0 and kb == 0 else qk_mma_acc, acc_s, tSrQ[None, None, c * kpc + kb],
+                first = j == 0 and kb == 0 and not cont
+                cute.gemm(qk_mma if first else qk_mma_acc, acc_s, tSrQ[None, None, c * kpc + kb],
                           tSrK[None, None, kb, st.index], acc_s)
         warpgroup.commit_group()
 
@@ -467,6 +483,13 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         for kb in cutlass.range_constexpr(BK // 16):
             cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb], acc_o)
         warpgroup.commit_group()
+
+    @cute.jit
+    def wait_chunks(self, pipe, n: Int32, chunks: cutlass.Constexpr):
+        """Wait on block n's full barriers of these chunks, before reading chunks the other consumer waited on (its
+        named barrier already orders them: this makes each read's own wait local)."""
+        for j in cutlass.range_constexpr(len(chunks)):
+            pipe.consumer_wait(self.state(n, chunks[j], False))
 
     @cute.jit
     def done(self, pipe, n: Int32, chunks: cutlass.Constexpr):
