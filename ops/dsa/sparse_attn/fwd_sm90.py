@@ -294,38 +294,40 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     # ------------------------------------------------------------------------------------------ consumers
     @cute.jit
-    def consumer_setup(self, sQ2, sK, mmas, ctid: Int32):
-        qk_mma, _, pv_rs, _ = mmas
+    def consumer_setup(self, sQ2, sK, sV, sS, mmas, ctid: Int32, w: cutlass.Constexpr):
+        """Consumer w's fragments and register state: Q / K operands of S, the identity view of S, O (64 x 256),
+        V of its columns in its own slot (RS P V) and in the other slot (SS P V, A = the other's sS), the stmatrix
+        copy of P, and the softmax state."""
+        qk_mma, _, pv_rs, pv_ss = mmas
         thr_qk = qk_mma.get_slice(ctid)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ2))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        s_id = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((HG, BK))))
         thr_rs = pv_rs.get_slice(ctid)
+        thr_ss = pv_ss.get_slice(ctid)
+        frags = (thr_qk.make_fragment_A(thr_qk.partition_A(sQ2)), thr_qk.make_fragment_B(thr_qk.partition_B(sK)),
+                 acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((HG, BK)))),
+                 thr_rs.make_fragment_B(thr_rs.partition_B(sV[w][w])),
+                 thr_ss.make_fragment_B(thr_ss.partition_B(sV[w][1 - w])),
+                 thr_ss.make_fragment_A(thr_ss.partition_A(sS[1 - w])))
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), qk_mma)
         acc_o = thr_rs.make_fragment_C(thr_rs.partition_shape_C((HG, self.Dv // 2)))
         acc_o.fill(0.0)
-        return thr_qk, tSrQ, tSrK, s_id, acc_o
+        row_max, row_sum = softmax_state(2)
+        corr = cute.make_rmem_tensor((2,), Float32)
+        m_use = cute.make_rmem_tensor((2,), Float32)
+        return thr_qk, frags, (r2s, r2s.get_slice(ctid)), acc_o, (row_max, row_sum, corr, m_use)
 
     @cute.jit
     def consume_first(self, pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
                       n_pair: Int32):
         """W0: block a = 2i of each pair (slot 0) and output columns [0, 256)."""
-        qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
+        qk_mma, qk_mma_acc, _, _ = mmas
         NC = self.NC
-        thr_qk, tSrQ, tSrK, s_id, acc_o = self.consumer_setup(sQ2, sK, mmas, ctid)
-        thr_rs = pv_rs.get_slice(ctid)
-        thr_ss = pv_ss.get_slice(ctid)
-        tOrV_own = thr_rs.make_fragment_B(thr_rs.partition_B(sV[0][0]))
-        tOrV_other = thr_ss.make_fragment_B(thr_ss.partition_B(sV[0][1]))
-        tOrS_other = thr_ss.make_fragment_A(thr_ss.partition_A(sS[1]))
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), qk_mma)
-        thr_r2s = r2s.get_slice(ctid)
-        row_max, row_sum = softmax_state(2)
-        corr = cute.make_rmem_tensor((2,), Float32)
-        m_use = cute.make_rmem_tensor((2,), Float32)
+        thr_qk, frags6, (r2s, thr_r2s), acc_o, (row_max, row_sum, corr, m_use) = self.consumer_setup(
+            sQ2, sK, sV, sS, mmas, ctid, 0)
+        tSrQ, tSrK, s_id = frags6[:3]
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dt)                  # bf16 P: the RS operand, then stmatrix
         st = (row_max, row_sum, corr, m_use, acc_s, rP, acc_o)
-        frags = (tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s)
+        frags = frags6 + (r2s, thr_r2s)
         cute.arch.mbarrier_wait(q_bar, 0)
         if cutlass.const_expr(self.QK_EARLY):
             # S of the pair's block a issued at the end of the pair before (right behind the P V on sS1): the loop
@@ -409,17 +411,9 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         """W1: block b = 2i + 1 of each pair (slot 1) and output columns [256, 512)."""
         qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
         NC = self.NC
-        thr_qk, tSrQ, tSrK, s_id, acc_o = self.consumer_setup(sQ2, sK, mmas, ctid)
-        thr_rs = pv_rs.get_slice(ctid)
-        thr_ss = pv_ss.get_slice(ctid)
-        tOrV_own = thr_rs.make_fragment_B(thr_rs.partition_B(sV[1][1]))
-        tOrV_other = thr_ss.make_fragment_B(thr_ss.partition_B(sV[1][0]))
-        tOrS_other = thr_ss.make_fragment_A(thr_ss.partition_A(sS[0]))
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), qk_mma)
-        thr_r2s = r2s.get_slice(ctid)
-        row_max, row_sum = softmax_state(2)
-        corr = cute.make_rmem_tensor((2,), Float32)
-        m_use = cute.make_rmem_tensor((2,), Float32)
+        thr_qk, frags6, (r2s, thr_r2s), acc_o, (row_max, row_sum, corr, m_use) = self.consumer_setup(
+            sQ2, sK, sV, sS, mmas, ctid, 1)
+        tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other = frags6
         cute.arch.mbarrier_wait(q_bar, 0)
         for i in cutlass.range(n_pair, unroll=1):
             n = 2 * i + 1
