@@ -1,13 +1,13 @@
 """Device helpers of the sparse (top-k slot) kernels for Hopper (sm_90a), CuTe DSL: the varlen row search, the
 cp.async publish step of a gathering producer (ops/common/sparse_head_sum_sm90.py, the sparse score recomputes) and
 BlockGather, the whole producer of the block-gathering kernels (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py,
-ops/dsa/indexer/sparse_bwd_sm90.py).
+ops/dsa/indexer/sparse_bwd_sm90.py), and gemm_chunks, their consumers' wgmma over a block's chunks.
 """
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 
 @cute.jit
@@ -38,12 +38,31 @@ def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Cons
     pipe.producer_commit(pipeline.PipelineState(stages, Int32(0), index, Int32(0)))
 
 
+@cute.jit
+def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, operands, kpc: cutlass.Constexpr,
+                cont: cutlass.Constexpr = False):
+    """The consumer side of a chunk pipeline: acc (+)= the chunks' products, one committed wgmma group. For each
+    chunk c of `chunks` (in that order): wait the full barrier of state_of(c), fence, then its kpc k-blocks,
+    operands(c, kb, stage) -> (A, B) fragments of chunk c's k-block kb in ring stage `stage`. The first k-block
+    overwrites acc (mma) unless cont (the chunks continue a sum issued before); the rest accumulate."""
+    for j in cutlass.range_constexpr(len(chunks)):
+        c = chunks[j]
+        st = state_of(c)
+        pipe.consumer_wait(st)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(kpc):
+            a, b = operands(c, kb, st.index)
+            cute.gemm(mma if j == 0 and kb == 0 and not cont else mma_acc, acc, a, b, acc)
+    warpgroup.commit_group()
+
+
 PIECE = 8            # bf16 elements per 16-byte cp.async
 
 
 class BlockGather:
-    """The producer warpgroup of the sparse kernels that gather whole blocks of key rows (ops/dsa/sparse_attn/fwd_sm90.py,
-    bwd_sm90.py, ops/dsa/indexer/sparse_bwd_sm90.py): block n's GATHER_BK slots, chunk by chunk of 64 columns.
+    """The producer warpgroup of the sparse kernels that gather whole blocks of key rows
+    (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py, ops/dsa/indexer/sparse_bwd_sm90.py): block n's GATHER_BK slots,
+    chunk by chunk of 64 columns.
 
     Piece p of a chunk (p < self.pieces) is key row r = (tidx + 128 p) // 8 of the block and 16 bytes at column
     (tidx % 8) * 8 of the chunk (the row's index loaded one block ahead, so its latency hides behind a block of

@@ -51,6 +51,11 @@ KERNELS = {
                                      "512, 128, True, True, True, True, True))",
     "sparse_indexer_bwd": "from ops.dsa.indexer import sparse_bwd as m; m.compile_variant(m.variant_key(128, 64, "
                           "'float32', False, False))",
+    "sparse_indexer_bwd_x_early": "from ops.dsa.indexer import sparse_bwd as m, sparse_bwd_sm90 as k; "
+                                  "import cutlass.cute as cute; from ops.common.tensors import COMPILE_OPTIONS as o; "
+                                  "key = m.variant_key(128, 64, 'float32', False, False); "
+                                  "cls = type('E', (k.SparseIndexerBwdSm90,), {'X_EARLY': 1}); "
+                                  "cute.compile(cls(*key), *m.fake_args(key), options=o)",
     "sparse_indexer_bwd_deterministic": "from ops.dsa.indexer import sparse_bwd as m; m.compile_variant("
                                         "m.variant_key(128, 64, 'float32', True, True, True))",
     "dense_indexer_bwd_deterministic": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant("

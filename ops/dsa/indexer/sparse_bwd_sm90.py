@@ -27,6 +27,14 @@ its own (no per-block cross-warpgroup barrier):
   128-byte line to each of 4 keys: ops/common/vector_red_sm90.py red_tile_lines; each lane takes the dk rows of its
   partner lane ^ 4 once a block); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the chunks
   read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
+X_EARLY = 1 (a class knob, off by default; compiled for sm_90a without spills or serialization in the sparse variants,
+12 B of spills in the dense deterministic THD one; NOT yet run on a GPU: tests/gpu/test_dsa_indexer_bwd.py
+test_x_early_knob and bench/indexer_bwd_shapes.py are its check and A/B): a consumer issues its next block's X^T
+right behind this block's first dk tile (wait_group(1) then retires dq and that tile only), so the dk reductions run
+under it; the loop is peeled (prologue X^T, blocks with the early issue, the last block without) so that no wgmma sits
+behind a condition. No deadlock: the next block's chunks sit in the other half of the consumer's ring part, and the
+producer publishes every block's chunks before it acquires the next block's (lag <= NC), so they never wait on this
+block's release. With X_EARLY = 0 the PTX is byte-identical to the kernel before the knob (CPU, 2026-12-05).
 After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 4 W consumer warps
 through sDW in a fixed order; consumers 1 .. W - 1 put their dq^T partials in sDQ (fp32, accumulator order) and
 consumer 0 adds them in that order and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics
@@ -70,7 +78,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
 from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 from ...common.softmax import acc_mn_view
@@ -93,6 +101,7 @@ class SparseIndexerBwdSm90(BlockGather):
 
     LAG = 3
     CONSUMERS = 2
+    X_EARLY = 0    # 1: each consumer issues its next block's X^T behind this block's first dk tile; A/B on the device
     REGS = {2: (40, 232), 3: (24, 160)}
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool,
@@ -382,6 +391,88 @@ class SparseIndexerBwdSm90(BlockGather):
         return ring_state(self.stages, n % self.W, (n // self.W) * self.NC + ch, producer, self.W)
 
     @cute.jit
+    def issue_x(self, pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n: Int32):
+        """X^T(n) = K_n Q^T into acc_x: wait each of block n's chunks, its k-blocks; one committed group."""
+        kpc = DC // 16
+        gemm_chunks(pipe, lambda ch: self.chunk_state(n, ch, False), tuple(range(self.NC)), x_mma, x_mma_acc, acc_x,
+                    lambda ch, kb, stage: (tXrK[None, None, kb, stage], tXrQ[None, None, ch * kpc + kb]), kpc)
+
+    @cute.jit
+    def row_block(self, ctx, frag, regs, n: Int32, x_now: cutlass.Constexpr, x_next: cutlass.Constexpr):
+        """Consumer w's block n (module docstring): X^T (x_now: issued here, else by the block before), G, d_weights
+        partials, dA to sdA[w], dq^T and the dk tiles with their reductions, the chunks released; x_next: block
+        n + W's X^T issued right behind the first dk tile."""
+        pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
+        tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k = frag
+        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
+        x_mma, x_mma_acc, dk_mma, dq_mma = mmas
+        lse, l1c, c, gsum = rowc
+        H, NC = self.H, self.NC
+        n_cols = cute.size(x_id, mode=[1])
+        # ---- X^T = K Q^T (issued by the block before with X_EARLY)
+        if cutlass.const_expr(x_now):
+            self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n)
+        for r in cutlass.range_constexpr(2):           # this thread's two slots (rows of X^T)
+            kidx = praw[r]
+            valid = n * BK + x_id[r, 0][0] < row_len and kidx >= 0 and kidx < seqlen_k
+            gj, pj = self.g_and_p(valid, ps[r], pa[r], lse, l1c, c)
+            gr[r] = Float32(cutlass.select_(valid, gj - pj * gsum, Float32(0.0)))
+            krow[r] = k_off + kidx
+            kval[r] = valid
+        if n + self.W < n_blk:                          # the next block's slots, used one block from now
+            for r in cutlass.range_constexpr(2):
+                self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, (n + self.W) * BK + x_id[r, 0][0],
+                                row_len, r)
+        warpgroup.wait_group(0)
+        if cutlass.const_expr(self.stage):      # the slots' staging rows (entry ebase + slot), this lane's own
+            for r in cutlass.range_constexpr(2):
+                krow_b[0, r] = Int32(cutlass.select_(kval[r], ebase + n * BK + x_id[r, 0][0], Int32(-1)))
+        else:
+            partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
+                         Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
+        # ---- d_weights partials, dA (bf16) to sdA[w]
+        x_mn = acc_mn_view(acc_x)
+        for r in cutlass.range_constexpr(2):
+            for ci in cutlass.range_constexpr(n_cols):
+                x = x_mn[r, ci]
+                h = x_id[r, ci][1]
+                relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))        # NaN kept
+                slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
+                                                cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
+                dwp[ci] = dwp[ci] + gr[r] * relu
+                sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
+            if w == i:
+                pipeline.NamedBarrier(barrier_id=DA_BAR + i, num_threads=128).arrive_and_wait()
+        # ---- dq^T += K^T dA (registers), then the dk tiles (atomics)
+        warpgroup.fence()
+        for ch in cutlass.range_constexpr(NC):
+            s = self.chunk_state(n, ch, False)
+            for kb in cutlass.range_constexpr(BK // 16):
+                cute.gemm(dq_mma, acc_dq[ch], tQrK[None, None, kb, s.index], tQrA[None, None, kb, w], acc_dq[ch])
+        warpgroup.commit_group()
+        for ch in cutlass.range_constexpr(NC):
+            acc_k = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
+            acc_k.fill(0.0)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(H // 16):
+                cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
+            warpgroup.commit_group()
+            if cutlass.const_expr(x_next and ch == 0):
+                self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n + self.W)
+                warpgroup.wait_group(1)                 # dq and this dk tile retired; the next X^T may not have
+            else:
+                warpgroup.wait_group(0)
+            if cutlass.const_expr(self.stage):
+                st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
+            else:
+                red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
+        warpgroup.wait_group(0)
+        for ch in cutlass.range_constexpr(NC):
+            pipe.consumer_release(self.chunk_state(n, ch, False))
+
+    @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
                 row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32):
         sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
@@ -410,7 +501,6 @@ class SparseIndexerBwdSm90(BlockGather):
         gr = cute.make_rmem_tensor((2,), Float32)
         krow = cute.make_rmem_tensor((2,), Int32)
         kval = cute.make_rmem_tensor((2,), cutlass.Boolean)
-        kpc = DC // 16
         krow_b = cute.make_rmem_tensor((2, 2), Int32)   # [b, r]: the dk row of row (lane >> 2 with bit 0 = b) + 8 r
         praw = cute.make_rmem_tensor((2,), Int32)       # the thread's two slots of its next block, loaded a block ahead
         ps = cute.make_rmem_tensor((2,), Float32)
@@ -418,73 +508,24 @@ class SparseIndexerBwdSm90(BlockGather):
         if w < n_blk:
             for r in cutlass.range_constexpr(2):
                 self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, w * BK + x_id[r, 0][0], row_len, r)
+        acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
+        frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k)
+        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa)
+        ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
+               ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
-        for n in cutlass.range(w, n_blk, self.W, unroll=1):
-            # ---- X^T = K Q^T
-            acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
-            for ch in cutlass.range_constexpr(NC):
-                s = self.chunk_state(n, ch, False)
-                pipe.consumer_wait(s)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(kpc):
-                    cute.gemm(x_mma if ch == 0 and kb == 0 else x_mma_acc, acc_x, tXrK[None, None, kb, s.index],
-                              tXrQ[None, None, ch * kpc + kb], acc_x)
-            warpgroup.commit_group()
-            for r in cutlass.range_constexpr(2):           # this thread's two slots (rows of X^T)
-                kidx = praw[r]
-                valid = n * BK + x_id[r, 0][0] < row_len and kidx >= 0 and kidx < seqlen_k
-                gj, pj = self.g_and_p(valid, ps[r], pa[r], lse, l1c, c)
-                gr[r] = Float32(cutlass.select_(valid, gj - pj * gsum, Float32(0.0)))
-                krow[r] = k_off + kidx
-                kval[r] = valid
-            if n + self.W < n_blk:                          # the next block's slots, used one block from now
-                for r in cutlass.range_constexpr(2):
-                    self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, (n + self.W) * BK + x_id[r, 0][0],
-                                    row_len, r)
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(self.stage):      # the slots' staging rows (entry ebase + slot), this lane's own
-                for r in cutlass.range_constexpr(2):
-                    krow_b[0, r] = Int32(cutlass.select_(kval[r], ebase + n * BK + x_id[r, 0][0], Int32(-1)))
-            else:
-                partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
-                             Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
-            # ---- d_weights partials, dA (bf16) to sdA[w]
-            x_mn = acc_mn_view(acc_x)
-            for r in cutlass.range_constexpr(2):
-                for ci in cutlass.range_constexpr(n_cols):
-                    x = x_mn[r, ci]
-                    h = x_id[r, ci][1]
-                    relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))        # NaN kept
-                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
-                                                    cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
-                    dwp[ci] = dwp[ci] + gr[r] * relu
-                    sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
-                if w == i:
-                    pipeline.NamedBarrier(barrier_id=DA_BAR + i, num_threads=128).arrive_and_wait()
-            # ---- dq^T += K^T dA (registers), then the dk tiles (atomics)
-            warpgroup.fence()
-            for ch in cutlass.range_constexpr(NC):
-                s = self.chunk_state(n, ch, False)
-                for kb in cutlass.range_constexpr(BK // 16):
-                    cute.gemm(dq_mma, acc_dq[ch], tQrK[None, None, kb, s.index], tQrA[None, None, kb, w], acc_dq[ch])
-            warpgroup.commit_group()
-            for ch in cutlass.range_constexpr(NC):
-                acc_k = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
-                acc_k.fill(0.0)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(H // 16):
-                    cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(self.stage):
-                    st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
-                else:
-                    red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
-            warpgroup.wait_group(0)
-            for ch in cutlass.range_constexpr(NC):
-                pipe.consumer_release(self.chunk_state(n, ch, False))
+        if cutlass.const_expr(self.X_EARLY):
+            # X^T of the consumer's next block issued behind this block's first dk tile (its reductions run under
+            # it); the loop is peeled so that no wgmma inside it sits behind a condition (ptxas serializes those:
+            # test_wgmma_serialization), the whole form behind w < n_blk
+            if w < n_blk:
+                self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, w)
+                for n in cutlass.range(w, n_blk - self.W, self.W, unroll=1):
+                    self.row_block(ctx, frag, regs, n, False, True)
+                self.row_block(ctx, frag, regs, w + (n_blk - 1 - w) // self.W * self.W, False, False)
+        else:
+            for n in cutlass.range(w, n_blk, self.W, unroll=1):
+                self.row_block(ctx, frag, regs, n, True, False)
 
         # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 4 W consumer warps in order
         for ci in cutlass.range_constexpr(n_cols):

@@ -86,7 +86,7 @@ from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
+from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, p_operand_view, quad_max, quad_sum, rescale_rows, softmax_state
 
@@ -460,16 +460,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         """S(n) = Q K_n^T over the chunks in the given order: wait each chunk's full barrier, then its 4 k-blocks;
         one committed group. cont: the chunks continue a sum already issued (no overwrite on the first k-block)."""
         kpc = DC // 16
-        for j in cutlass.range_constexpr(len(chunks)):
-            c = chunks[j]
-            st = self.state(n, c, False)
-            pipe.consumer_wait(st)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(kpc):
-                first = j == 0 and kb == 0 and not cont
-                cute.gemm(qk_mma if first else qk_mma_acc, acc_s, tSrQ[None, None, c * kpc + kb],
-                          tSrK[None, None, kb, st.index], acc_s)
-        warpgroup.commit_group()
+        gemm_chunks(pipe, lambda c: self.state(n, c, False), chunks, qk_mma, qk_mma_acc, acc_s,
+                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, stage]), kpc, cont)
 
     @cute.jit
     def issue_pv(self, pv_mma: cute.TiledMma, acc_o, tOrP, tOrV):
