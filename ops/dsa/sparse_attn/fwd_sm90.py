@@ -100,7 +100,7 @@ NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
 M0_BAR, M1_BAR, S0_BAR, S1_BAR, SUM_BAR, OUT_BAR = 3, 4, 5, 6, 7, 8
 SINK_EXP_MAX = 126.0
-PRODUCER_REGS, CONSUMER_REGS = 64, 224          # 64 + 2 x 224 = 512 (64 K registers over 384 threads)
+PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 56 + 2 x 224 = 504 = 3 x 168: the pool a 384-thread CTA gets
 
 
 class SparseAttnFwdSm90(SlotRows, BlockGather):
