@@ -1,7 +1,7 @@
 """CPU: a model of the sparse attention forward's synchronisation protocol (ops/dsa/sparse_attn/fwd_sm90.py): the
 producer's fill order (the kernel's own gather_order) with a chunk published LAG acquires after its own and every
 period drained, the chunk pipeline's full / empty barriers (an empty barrier completes a phase when both consumers
-arrived), the named barriers M0 / M1 / S0 / S1, and each consumer's waits and releases in the kernel's order. The
+arrived), the named barriers M0 / M1 / S1 (one consumer arrives, the other waits) and S0 (both wait), and each consumer's waits and releases in the kernel's order. The
 agents run round-robin as generators; a round in which none of them moves is a deadlock. Every (Dqk, LAG,
 QK_EARLY, pair count) must run to the end, each consumer releasing each chunk of each block exactly once, after its
 own wait on it; the first QK_EARLY form (the next pair's whole S issued before W0's last release of the pair, found
@@ -61,6 +61,10 @@ def run(D, lag, qk_early, n_pair, early_form="split"):
         while bars.get(b, 0) < seen[(w, b)]:
             yield ("bar", b)
 
+    def both(w, b):                                                # arrive_and_wait by both consumers
+        arrive(f"{b}.{w}")
+        yield from sync(w, f"{b}.{1 - w}")
+
     def w0():
         if qk_early and n_pair > 0:
             yield from wait(0, range(NC))
@@ -74,7 +78,7 @@ def run(D, lag, qk_early, n_pair, early_form="split"):
             yield from done(0, n + 1, range(VQ, NC))
             if NC == 9:
                 yield from done(0, n, [NC - 1])                    # sS0 written into the rope chunk
-            arrive("S0")
+            yield from both(0, "S0")
             yield from sync(0, "S1")
             yield from wait(n + 1, range(VQ))                      # wait_chunks before the P V on sS1
             if qk_early and i < n_pair - 1:
@@ -99,7 +103,7 @@ def run(D, lag, qk_early, n_pair, early_form="split"):
             yield from sync(1, "M0")
             arrive("M1")
             arrive("S1")
-            yield from sync(1, "S0")
+            yield from both(1, "S0")
             yield from wait(n - 1, range(VQ, 2 * VQ))              # wait_chunks before the P V on sS0
             yield from done(1, n, range(VQ, 2 * VQ))
             yield from done(1, n - 1, range(VQ, NC))

@@ -39,8 +39,11 @@ Online softmax of a pair (x = c S, masked -inf; m~ = 0 while m = -inf, so no -in
     W0: f = 2^(m0 - m1~);  P_a' = P_a f;  l0, O0 *= f;  O0 += bf16(P_b) V_b[:256]      W1: O1 += bf16(P_a') V_a[256:]
     (m: the max both O halves are scaled to after the previous pair; m1 is the next pair's m.)
 Shared-memory handoffs: sRed[0] (m0) written by one lane per quad of W0 before M0_BAR (arrive), read by W1 after it
-(wait); rewritten in the next pair only after M1_BAR, which W1 arrives after its read. sRed[1] (m1): the same with
-the roles swapped (W0 reads it before arriving at S0_BAR; W1 rewrites it only after the next M0_BAR). sS1 (its own 8
+(wait); rewritten in the next pair only after M1_BAR, which W1 arrives after its read. sRed[1] (m1): written by W1
+before M1_BAR (arrive), read by W0 after it (wait); W0 reads it before S0_BAR, which both consumers wait on (W0 is at
+S1_BAR, which W1 arrives just before S0_BAR, right after anyway), and W1 rewrites it only after that. An arrive-only
+S0_BAR orders the same accesses by the PTX model, but compute-sanitizer racecheck reported this read / rewrite pair
+across it (H100 2026-12-05, 4 hazards), so S0_BAR is a full barrier for both. sS1 (its own 8
 KiB): written by W1 (stmatrix, fence.proxy.async) before S1_BAR, read by W0's wgmma after it; rewritten only after the
 next M0_BAR, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in the bytes of slot 0's chunk 8
 (block a's rope columns: read only by W0's own Q K^T, retired before the write; V never reads them); Dqk 512 gives
@@ -67,12 +70,13 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status: this ping-pong schedule (branch wip/sparse-attn-pingpong, 2026-12-05) is compiled for sm_90a on the CPU only,
-NOT yet run on a GPU. The lockstep kernel it replaces (both consumers on each block, S at N = 32 from the same Q,
-both softmaxes with the tensor pipe idle) passed tests/gpu/test_dsa_sparse_attn.py (33) and both sanitizers on the
-H200 and ran 6.10 ms = 383 TFLOP/s at Sq 4K, Skv 8K, H 128, top-k 2048, 576/512 (issue 11 target 550); ncu showed
-the L1/shared-memory pipe the busiest unit (Q read by both consumers at N = 32) and both consumers waiting for each
-other twice a block. bench/ab_sparse_attn.py --prepare main times the two in one run.
+Status: this ping-pong schedule (branch wip/sparse-attn-pingpong) ran on an H100 on 2026-12-05 (10:06) with S0_BAR
+arrive-only: tests/gpu/test_dsa_sparse_attn.py 36 passed, memcheck clean, racecheck 4 hazards (the m1 read / rewrite
+above); same run against main's lockstep kernel (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64
+2.90 vs 3.13 ms (403 vs 373 TFLOP/s), H 128 5.76 vs 6.16 ms (406 vs 380), outputs within 2e-3 of each other,
+QK_EARLY = 1 no faster. S0_BAR is now a full barrier: compiled on the CPU, NOT yet run on a GPU; the kernel replaces
+main's only once tests/gpu/check_sparse_attn.sh passes with racecheck clean. The lockstep kernel (main) ran 6.10 ms =
+383 TFLOP/s on the H200 (issue 11 target 550).
 """
 import math
 
@@ -387,7 +391,9 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         if cutlass.const_expr(self.s0_in_rope):
             self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
-        pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive()         # every writer of sS0
+        # every writer of sS0, and W0's reads of m1 behind it: a full barrier (W1 reaches its wait right behind its
+        # S1_BAR arrival, which W0 waits for next anyway), so racecheck sees the m1 read / rewrite ordered too
+        pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive_and_wait()
         pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive_and_wait()  # sS1 complete
         self.wait_chunks(pipe, n + 1, tuple(range(VQ)))            # slot 1's V-left (complete: W1 read them)
         rescale_rows(acc_mn_view(acc_o), corr)
