@@ -7,6 +7,7 @@ QK_EARLY, pair count) must run to the end, each consumer releasing each chunk of
 own wait on it; the first QK_EARLY form (the next pair's whole S issued before W0's last release of the pair, found
 by review on 2026-12-05) must deadlock. The kernel's order of waits and releases is transcribed here by hand: a
 change to consume_first / consume_second / first_pair must be made here too."""
+from agent_model import run_agents  # noqa: E402
 import pytest
 
 pytest.importorskip("cutlass")
@@ -108,21 +109,9 @@ def run(D, lag, qk_early, n_pair, early_form="split"):
             yield from done(1, n, range(VQ, 2 * VQ))
             yield from done(1, n - 1, range(VQ, NC))
 
-    agents = {"producer": producer(), "W0": w0(), "W1": w1()}
-    last = {}
-    while agents:
-        moved = False
-        for k in list(agents):
-            try:
-                st = next(agents[k])
-            except StopIteration:
-                del agents[k]
-                moved = True
-                continue
-            moved = moved or last.get(k) != st
-            last[k] = st
-        if not moved:
-            return f"deadlock: {last}"
+    res = run_agents({"producer": producer(), "W0": w0(), "W1": w1()})
+    if res != "ok":
+        return res
     for n in range(2 * n_pair):
         for c in range(NC):
             assert rel.get((n, c)) == {0, 1}, f"block {n} chunk {c} released by {rel.get((n, c))}"
