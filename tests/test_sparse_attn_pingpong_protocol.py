@@ -7,8 +7,8 @@ QK_EARLY, pair count) must run to the end, each consumer releasing each chunk of
 own wait on it; the first QK_EARLY form (the next pair's whole S issued before W0's last release of the pair, found
 by review on 2026-12-05) must deadlock. The kernel's order of waits and releases is transcribed here by hand: a
 change to consume_first / consume_second / first_pair must be made here too."""
-from agent_model import run_agents  # noqa: E402
 import pytest
+from agent_model import run_agents
 
 pytest.importorskip("cutlass")
 
