@@ -26,10 +26,10 @@ pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3
   - warpgroups 1 and 2 (consumers W0, W1), ping-pong over the pair: W0 owns block a, W1 block b. Each takes its own
     block's S = Q K^T whole (wgmma m64 n64 k16 over the NC chunks; W1 starts at chunk 4), masks and scales it, and
     computes its P in fp32 against the running max chained through the pair: W0's max m0 = max(m_prev, max S_a),
-    then W1's m1 = max(m0, max S_b) (sRed, named barriers M0_BAR / M1_BAR). Each owns the output columns [256 w,
+    then W1's m1 = max(m0, max S_b) (sRed, handoff mbarriers M0 / M1). Each owns the output columns [256 w,
     256 w + 256) of every block: O_w += P_own V_own[w half] with P from registers (wgmma RS, m64 n256 k16), and
     O_w += P_other V_other[w half] with the other consumer's P from shared memory (SS): W1's P (at m1) in sS1, W0's
-    P rescaled from m0 to m1 in fp32 then rounded, in sS0 (named barriers S1_BAR / S0_BAR). W0's softmax runs under
+    P rescaled from m0 to m1 in fp32 then rounded, in sS0 (handoff mbarriers S1 / S0). W0's softmax runs under
     W1's Q K^T, W1's under W0's P V. Row sums l_w stay per consumer (of its own blocks, at the pair's max) and are
     added through sRed at the end (SUM_BAR). Epilogue: each consumer's 64 x 256 bf16 O goes by stmatrix into the Q
     tile's bytes (free: every Q K^T retired before SUM_BAR), then one TMA store per consumer (OUT_BAR).
@@ -38,18 +38,21 @@ Online softmax of a pair (x = c S, masked -inf; m~ = 0 while m = -inf, so no -in
     W1: m1 = max(m, m0, max x_b);  O1, l1 *= 2^(m - m1~);  P_b = 2^(x_b - m1~);  l1 += sum P_b;  O1 += bf16(P_b) V_b[256:]
     W0: f = 2^(m0 - m1~);  P_a' = P_a f;  l0, O0 *= f;  O0 += bf16(P_b) V_b[:256]      W1: O1 += bf16(P_a') V_a[256:]
     (m: the max both O halves are scaled to after the previous pair; m1 is the next pair's m.)
-Shared-memory handoffs: sRed[0] (m0) written by one lane per quad of W0 before M0_BAR (arrive), read by W1 after it
-(wait); rewritten in the next pair only after M1_BAR, which W1 arrives after its read. sRed[1] (m1): written by W1
-before M1_BAR (arrive), read by W0 after it (wait); W0 reads it before S0_BAR, which both consumers wait on (W0 is at
-S1_BAR, which W1 arrives just before S0_BAR, right after anyway), and W1 rewrites it only after that. An arrive-only
-S0_BAR orders the same accesses by the PTX model, but compute-sanitizer racecheck reported this read / rewrite pair
-across it (H100 2026-12-05, 4 hazards), so S0_BAR is a full barrier for both. sS1 (its own 8
-KiB): written by W1 (stmatrix, fence.proxy.async) before S1_BAR, read by W0's wgmma after it; rewritten only after the
-next M0_BAR, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in the bytes of slot 0's chunk 8
+Shared-memory handoffs between the consumers: four mbarriers (M0, M1, S1, S0), each completed by the 128 threads
+of its writer (every thread arrives after its own stores: release), waited by the other consumer with the pair's
+parity (acquire); no named barrier is arrived on without a wait (compute-sanitizer racecheck does not take such an
+arrive as ordering: 12 hazards on the H200, 2026-12-05, with named barriers here). A handoff never runs two phases
+ahead of its waiter: each arrival of pair i + 1 comes after its writer waited on a barrier the reader completes after
+its wait of pair i (M0(i+1) after M1(i), M1(i+1) after S0(i), S1(i+1) after M0(i+1), S0(i+1) after M1(i+1)).
+sRed[0] (m0): written by one lane per quad of W0 before M0, read by W1 after it; rewritten (next pair, or l in the
+epilogue) only after M1, which W1 arrives after its read. sRed[1] (m1): written by W1 before M1, read by W0 after
+it; W0 reads it before its S0 arrival, and W1 rewrites it (next pair, or l) only after its S0 wait. sS1 (its own 8
+KiB): written by W1 (stmatrix, fence.proxy.async) before S1, read by W0's wgmma after it; rewritten only after the
+next M0, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in the bytes of slot 0's chunk 8
 (block a's rope columns: read only by W0's own Q K^T, retired before the write; V never reads them); Dqk 512 gives
-it 8 KiB of its own. Written by W0 before S0_BAR, read by W1's wgmma after it; its bytes are refilled (576) or
+it 8 KiB of its own. Written by W0 before S0, read by W1's wgmma after it; its bytes are refilled (576) or
 rewritten (512) only after W1's P V on it retired (W1 releases slot 0's chunks after that wait; 512: the next
-M1_BAR). kv chunks: cp.async / zero stores ordered by the full mbarrier (128 producer arrivals); every consumer
+M1). kv chunks: cp.async / zero stores ordered by the full mbarrier (128 producer arrivals); every consumer
 thread arrives once on each chunk's empty mbarrier per block (256 arrivals), after its last read of that chunk and
 only after waiting on the chunk's full barrier of the same block itself (so an arrival can never count toward the
 block before: a chunk a consumer never reads it waits on, already complete, and frees at once); a consumer also
@@ -70,13 +73,13 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status: this ping-pong schedule (branch wip/sparse-attn-pingpong) ran on an H100 on 2026-12-05 (10:06) with S0_BAR
-arrive-only: tests/gpu/test_dsa_sparse_attn.py 36 passed, memcheck clean, racecheck 4 hazards (the m1 read / rewrite
-above); same run against main's lockstep kernel (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64
-2.90 vs 3.13 ms (403 vs 373 TFLOP/s), H 128 5.76 vs 6.16 ms (406 vs 380), outputs within 2e-3 of each other,
-QK_EARLY = 1 no faster. S0_BAR is now a full barrier: compiled on the CPU, NOT yet run on a GPU; the kernel replaces
-main's only once tests/gpu/check_sparse_attn.sh passes with racecheck clean. The lockstep kernel (main) ran 6.10 ms =
-383 TFLOP/s on the H200 (issue 11 target 550).
+Status: this ping-pong schedule (branch wip/sparse-attn-pingpong) ran with named-barrier handoffs on an H100
+(2026-12-05 10:06) and on the H200 (12:26): tests/gpu/test_dsa_sparse_attn.py 36 passed, memcheck clean, racecheck
+4 (H100) and 12 (H200) hazards, all on sRed across those named barriers (docs/performance.md); same H200 run against
+main's lockstep kernel (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.96 vs 3.12 ms (395 vs
+375 TFLOP/s), H 128 5.86 vs 6.14 ms (399 vs 380), outputs within 2e-3 of each other, QK_EARLY = 1 no faster. The
+handoffs are now mbarriers: compiled on the CPU, NOT yet run on a GPU; the kernel replaces main's only once
+tests/gpu/check_sparse_attn.sh passes with racecheck clean (issue 11 target 550 TFLOP/s).
 """
 import math
 
@@ -102,7 +105,8 @@ DC = 64              # kv columns per chunk (one 128-byte swizzle atom)
 VQ = 4               # kv chunks of one consumer's 256 output columns
 NUM_THREADS = 384
 PIECE = 8            # bf16 elements per 16-byte cp.async
-M0_BAR, M1_BAR, S0_BAR, S1_BAR, SUM_BAR, OUT_BAR = 3, 4, 5, 6, 7, 8
+SUM_BAR, OUT_BAR = 7, 8                          # named barriers of both consumers (256 threads, both wait)
+M0, M1, S1, S0 = 0, 1, 2, 3                      # the consumers' handoff mbarriers (128 arrivals: the writer)
 SINK_EXP_MAX = 126.0
 PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 56 + 2 x 224 = 504 = 3 x 168: the pool a 384-thread CTA gets
 
@@ -181,6 +185,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            mbar_x: cute.struct.MemRange[cutlass.Int64, 4]
             sRed: cute.struct.MemRange[Float32, 2 * HG]
             sRows: cute.struct.MemRange[Int32, 2 * BK]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -268,7 +273,11 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         gQ = cute.local_tile(tQ[None, None, batch], (HG, D), (self.q_row(row, grp), 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
                                          cute.group_modes(gQ, 0, 2))
-        pipe = self.gather_pipeline(storage.mbar.data_ptr(), 256, q_bar, tidx)
+        x_bar = storage.mbar_x.data_ptr()
+        if tidx == 0:
+            for b in cutlass.range_constexpr(4):
+                cute.arch.mbarrier_init(x_bar + b, 128)
+        pipe = self.gather_pipeline(storage.mbar.data_ptr(), 256, q_bar, tidx)   # (its sync covers x_bar's init)
 
         # the MMAs' ACCUMULATE fields, fixed once outside all staged control flow (both consumers' branches use them)
         qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
@@ -286,7 +295,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             self.produce(pipe, sK, mKv, mIdx, batch, row, row_len, 2 * n_pair, k_off, seqlen_k, tidx, sRows)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            ctx = (pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2, tidx % 128, n_pair)
+            ctx = (pipe, (q_bar, x_bar), sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2, tidx % 128, n_pair)
             if wg == 1:
                 acc_o, row_max, row_sum, s_id = self.consume_first(*ctx)
                 self.epilogue(acc_o, row_max, row_sum, s_id, sRed, sO, tma_o, tO, mSink, mLSE, mmas[2], tidx % 128,
@@ -320,9 +329,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         return thr_qk, frags, (r2s, r2s.get_slice(ctid)), acc_o, (row_max, row_sum, corr, m_use)
 
     @cute.jit
-    def consume_first(self, pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
+    def consume_first(self, pipe, bars, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
                       n_pair: Int32):
         """W0: block a = 2i of each pair (slot 0) and output columns [0, 256)."""
+        q_bar, x_bar = bars
         qk_mma, qk_mma_acc, _, _ = mmas
         NC = self.NC
         thr_qk, frags6, (r2s, thr_r2s), acc_o, (row_max, row_sum, corr, m_use) = self.consumer_setup(
@@ -331,7 +341,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dt)                  # bf16 P: the RS operand, then stmatrix
         st = (row_max, row_sum, corr, m_use, acc_s, rP, acc_o)
-        frags = frags6 + (r2s, thr_r2s)
+        frags = frags6 + (r2s, thr_r2s, x_bar)
         cute.arch.mbarrier_wait(q_bar, 0)
         if cutlass.const_expr(self.QK_EARLY):
             # S of the pair's block a issued at the end of the pair before (right behind the P V on sS1): the loop
@@ -356,7 +366,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
         NC = self.NC
         row_max, row_sum, corr, m_use, acc_s, rP, acc_o = st
-        tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s = frags
+        tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s, x_bar = frags
+        ph = (n // 2) % 2                                          # pair n // 2's phase of each handoff barrier
         if cutlass.const_expr(qk_now):
             self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, tuple(range(NC)))
         warpgroup.wait_group(0)
@@ -367,12 +378,12 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             self.exp_row(s_mn, r, m_new, row_max, row_sum, corr, m_use)
             if ctid % 4 == 0:
                 sRed[0, s_id[r, 0][0]] = m_new
-        pipeline.NamedBarrier(barrier_id=M0_BAR, num_threads=256).arrive()         # m0 -> W1
+        cute.arch.mbarrier_arrive(x_bar + M0)                      # m0 -> W1 (release: this thread's stores)
         rescale_rows(acc_mn_view(acc_o), corr)
         rP.store(acc_s.load().to(self.dt))
         warpgroup.fence()
         self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
-        pipeline.NamedBarrier(barrier_id=M1_BAR, num_threads=256).arrive_and_wait()  # m1 written by W1
+        cute.arch.mbarrier_wait(x_bar + M1, ph)                    # m1 written by W1
         warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
         self.done(pipe, n, tuple(range(2 * VQ)))                   # slot 0: Q K^T and V-left read, V-right never
         self.done(pipe, n + 1, tuple(range(VQ, NC)))               # slot 1: W0 never reads these
@@ -391,10 +402,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         if cutlass.const_expr(self.s0_in_rope):
             self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
-        # every writer of sS0, and W0's reads of m1 behind it: a full barrier (W1 reaches its wait right behind its
-        # S1_BAR arrival, which W0 waits for next anyway), so racecheck sees the m1 read / rewrite ordered too
-        pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive_and_wait()
-        pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive_and_wait()  # sS1 complete
+        cute.arch.mbarrier_arrive(x_bar + S0)                      # sS0 -> W1, and this thread's m1 reads are behind
+        cute.arch.mbarrier_wait(x_bar + S1, ph)                    # sS1 complete
         self.wait_chunks(pipe, n + 1, tuple(range(VQ)))            # slot 1's V-left (complete: W1 read them)
         rescale_rows(acc_mn_view(acc_o), corr)
         warpgroup.fence()
@@ -412,9 +421,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
 
     @cute.jit
-    def consume_second(self, pipe, q_bar, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
+    def consume_second(self, pipe, bars, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
                        n_pair: Int32):
         """W1: block b = 2i + 1 of each pair (slot 1) and output columns [256, 512)."""
+        q_bar, x_bar = bars
         qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
         NC = self.NC
         thr_qk, frags6, (r2s, thr_r2s), acc_o, (row_max, row_sum, corr, m_use) = self.consumer_setup(
@@ -423,6 +433,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.arch.mbarrier_wait(q_bar, 0)
         for i in cutlass.range(n_pair, unroll=1):
             n = 2 * i + 1
+            ph = i % 2                                                 # pair i's phase of each handoff barrier
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
             rP = cute.make_rmem_tensor(acc_s.layout, self.dt)              # bf16 P: the RS operand, then stmatrix
             self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n,
@@ -434,22 +445,22 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             if cutlass.const_expr(self.s0_in_rope):
                 self.done(pipe, n, (NC - 1,))                          # slot 1's rope: Q K^T only
             self.done(pipe, n - 1, tuple(range(VQ)))                   # slot 0's V-left: W1 never reads it
-            pipeline.NamedBarrier(barrier_id=M0_BAR, num_threads=256).arrive_and_wait()  # m0 written by W0
+            cute.arch.mbarrier_wait(x_bar + M0, ph)                    # m0 written by W0
             for r in cutlass.range_constexpr(2):
                 m_new = cute.arch.fmax(cute.arch.fmax(row_max[r], sRed[0, s_id[r, 0][0]]), corr[r])
                 self.exp_row(s_mn, r, m_new, row_max, row_sum, corr, m_use)
                 if ctid % 4 == 0:
                     sRed[1, s_id[r, 0][0]] = m_new
-            pipeline.NamedBarrier(barrier_id=M1_BAR, num_threads=256).arrive()         # m1 -> W0
+            cute.arch.mbarrier_arrive(x_bar + M1)                      # m1 -> W0; this thread's m0 reads behind
             rescale_rows(acc_mn_view(acc_o), corr)
             rP.store(acc_s.load().to(self.dt))
             # sS1 first: no instruction may read rP while the RS wgmma below (A = rP) is in flight (PTX: undefined)
             cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[1]))
             cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
-            pipeline.NamedBarrier(barrier_id=S1_BAR, num_threads=256).arrive()         # every writer of sS1
+            cute.arch.mbarrier_arrive(x_bar + S1)                      # sS1 -> W0
             warpgroup.fence()
             self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
-            pipeline.NamedBarrier(barrier_id=S0_BAR, num_threads=256).arrive_and_wait()  # sS0 complete
+            cute.arch.mbarrier_wait(x_bar + S0, ph)                    # sS0 complete
             self.wait_chunks(pipe, n - 1, tuple(range(VQ, 2 * VQ)))    # slot 0's V-right (complete: W0 read them)
             warpgroup.fence()
             self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
@@ -523,8 +534,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     @cute.jit
     def epilogue(self, acc_o, row_max, row_sum, s_id, sRed, sO, tma_o, tO, mSink, mLSE, pv_mma: cute.TiledMma,
                  ctid: Int32, w: Int32, grp: Int32, batch: Int32, row: Int32):
-        """l of both consumers through sRed (SUM_BAR: W0's last read of sRed[1] (m1) came before S0_BAR, W1's of
-        sRed[0] before M1_BAR, both passed by the other before it gets here), sink, lse (W0), out (both)."""
+        """l of both consumers through sRed (SUM_BAR: W0's last read of sRed[1] (m1) came before its S0 arrival, W1's
+        of sRed[0] before its M1 arrival, both waited on by the other before it gets here), sink, lse (W0), out."""
         quad = ctid % 4
         for r in cutlass.range_constexpr(2):
             l_part = quad_sum(row_sum[r])
