@@ -78,8 +78,9 @@ def issue_group(mma: cute.TiledMma, mma_acc: cute.TiledMma, dst: cute.Tensor, tS
 def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor, part: cute.Tensor,
               tSrK: cute.Tensor, tSrQ: cute.Tensor, stages: cutlass.Constexpr, ring: Int32, i0: Int32,
               n_chunks: cutlass.Constexpr, kpc: cutlass.Constexpr, promote: cutlass.Constexpr,
-              part2: cute.Tensor = None):
-    """acc = K block x Q^T over n_chunks chunks of kpc k-blocks, chunk c from ring stage ring_state(ring, i0 + c).
+              part2: cute.Tensor = None, parts: cutlass.Constexpr = 2):
+    """acc = K block x Q^T over n_chunks chunks of kpc k-blocks, chunk c from ring stage ring_state(ring, i0 + c)
+    (the ring split in `parts` consumers' parts; 1: one ring every consumer reads).
 
     promote = 0: one wgmma accumulator for the whole block; for each chunk wait, issue its wgmmas, commit, and
     release the previous chunk once its wgmmas retired (wait_group(1): groups retire in order); the last chunk is
@@ -93,7 +94,7 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
     alternately and is added once group i + 1 is issued (wait_group(1)), at the price of a third accumulator."""
     if cutlass.const_expr(promote == 0):
         for c in cutlass.range_constexpr(n_chunks):
-            st = ring_state(stages, ring, i0 + c, False)
+            st = ring_state(stages, ring, i0 + c, False, parts)
             pipe.consumer_wait(st)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(kpc):
@@ -102,15 +103,15 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
             warpgroup.commit_group()
             if cutlass.const_expr(c > 0):
                 warpgroup.wait_group(1)
-                pipe.consumer_release(ring_state(stages, ring, i0 + c - 1, False))
+                pipe.consumer_release(ring_state(stages, ring, i0 + c - 1, False, parts))
         warpgroup.wait_group(0)
-        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False, parts))
     elif cutlass.const_expr(part2 is not None):
         groups = kpc // promote
         total = n_chunks * groups
         for i in cutlass.range_constexpr(total):
             c, g = i // groups, i % groups
-            st = ring_state(stages, ring, i0 + c, False)
+            st = ring_state(stages, ring, i0 + c, False, parts)
             if cutlass.const_expr(g == 0):
                 pipe.consumer_wait(st)
             dst = acc if i == 0 else (part if i % 2 == 1 else part2)
@@ -118,19 +119,19 @@ def mma_block(pipe, mma: cute.TiledMma, mma_acc: cute.TiledMma, acc: cute.Tensor
             if cutlass.const_expr(i > 0):
                 warpgroup.wait_group(1)          # group i - 1 retired
                 if cutlass.const_expr((i - 1) % groups == groups - 1):
-                    pipe.consumer_release(ring_state(stages, ring, i0 + (i - 1) // groups, False))
+                    pipe.consumer_release(ring_state(stages, ring, i0 + (i - 1) // groups, False, parts))
                 if cutlass.const_expr(i > 1):
                     prev = part if (i - 1) % 2 == 1 else part2
                     acc.store(acc.load() + prev.load())
         warpgroup.wait_group(0)
-        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False))
+        pipe.consumer_release(ring_state(stages, ring, i0 + n_chunks - 1, False, parts))
         if cutlass.const_expr(total > 1):
             last = part if (total - 1) % 2 == 1 else part2
             acc.store(acc.load() + last.load())
     else:
         groups = kpc // promote
         for c in cutlass.range_constexpr(n_chunks):
-            st = ring_state(stages, ring, i0 + c, False)
+            st = ring_state(stages, ring, i0 + c, False, parts)
             pipe.consumer_wait(st)
             for g in cutlass.range_constexpr(groups):
                 first = c == 0 and g == 0

@@ -25,6 +25,18 @@ columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 thread
     two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store
     (lanes quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
     lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
+HEAD_SPLIT (a class knob: on for the attention variant, off for the indexer, whose PROMOTE is 0; bench/ab_attn_score.py
+is the A/B of the two schedules): both consumers take every block, consumer w the heads [w H/2, w H/2 + H/2) (B = its
+half of Q, loaded as two TMA tiles; wgmma N = H/2);
+the ring is one ring both read (256 arrivals a chunk, chunk g in stage g % STAGES), and the fp32 promotion is the
+pipelined form (mma_block with a second partial accumulator, 3 x 32 registers at N = 64: no wait per group, which
+the lockstep schedule's 64-register accumulators cannot afford). W1 sums f over its heads per slot and hands the 64 sums of a
+block to W0 through sPart[n % 2] (a 2-stage PipelineAsync on mbarriers: W1's 128 threads arrive on the full barrier
+after their stores, W0 waits, reads and arrives on the empty barrier W1 waits on before rewriting the stage); W0 adds
+them to its own, masks, stores and keeps the statistic (W1's stays the empty one, the merge's identity). The lag
+condition and the handoff are modelled in tests/test_sparse_head_sum_split_protocol.py. H200 2026-12-05: 1.5x the
+lockstep schedule on the attention recompute (ops/dsa/attn_score/sparse_sm90.py has the figures), tests and sanitizers
+clean; all 8 attention variants compile without spills.
 Layouts. Dense: q [B,Sq,H,D], k [B,Sk,D], idx int32 [B,Sq,K], topk_length int32 [B,Sq], scores fp32 [B,Sq,K],
 stat fp32 [B,Sq]. THD: q [Tq,H,D], k [Tk,D], idx [Tq,K] (local to the row's sequence), topk_length [Tq], scores
 [Tq,K], stat [Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide 32-ary search of
@@ -57,6 +69,7 @@ class SparseHeadSumSm90:
     PROMOTE = 0        # k-blocks per fp32 promotion of the wgmma sums (head_sum_sm90.mma_block); 0: none
     PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
     MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
+    HEAD_SPLIT = False   # both consumers on every block, each on half of the heads (module docstring); the attention's on
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
@@ -69,6 +82,9 @@ class SparseHeadSumSm90:
         self.with_stat = True
         self.dt = cutlass.BFloat16
         self.pieces = BK * chunk // PIECE // 128      # cp.async pieces per producer thread per chunk
+        if self.HEAD_SPLIT:
+            assert heads % 32 == 0 and self.PROMOTE > 0 and self.MIN_BLOCKS == 1, (heads, self.PROMOTE)
+        self.NQ = heads // 2 if self.HEAD_SPLIT else heads     # wgmma N: the heads one consumer multiplies
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -86,14 +102,15 @@ class SparseHeadSumSm90:
             k_v = cute.make_tensor(mK.iterator, cute.make_layout((mK.shape[1], D, mK.shape[0]),
                                                                  stride=(mK.stride[1], 1, mK.stride[0])))
             grid = (mQ.shape[1], mQ.shape[0], 1)
+        NQ = self.NQ              # H, or H / 2 a consumer with HEAD_SPLIT (then Q is two tiles of NQ rows)
         mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                (1, 1, 1), tiler_mn=(BK, H))
+                                                (1, 1, 1), tiler_mn=(BK, NQ))
         mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                    (1, 1, 1), tiler_mn=(BK, H))
+                                                    (1, 1, 1), tiler_mn=(BK, NQ))
         sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BK, H, DC), dt, self.stages)
-        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BK, H, D), dt, 1)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BK, NQ, D), dt, H // NQ)
         tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q_v,
-                                                cute.slice_(sQ_layout, (None, None, 0)), (H, D))
+                                                cute.slice_(sQ_layout, (None, None, 0)), (NQ, D))
         self.q_bytes = H * D * dt.width // 8
 
         @cute.struct
@@ -104,6 +121,9 @@ class SparseHeadSumSm90:
             sRed: cute.struct.MemRange[Float32, 2 * CONSUMER_WARPS]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            # HEAD_SPLIT's handoff of W1's head sums to W0 (2 stages; at the end: the members above keep their offsets)
+            mbar_part: cute.struct.MemRange[cutlass.Int64, 4]
+            sPart: cute.struct.MemRange[Float32, 2 * BK]
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tQ, k_v, mC, mIdx, mLen, mS, mStat, mCuQ, mCuK, scale, mma, mma_acc, sQ_layout,
@@ -179,12 +199,29 @@ class SparseHeadSumSm90:
             gQr = tQ
         else:
             gQr = tQ[None, None, batch]
-        gQ = cute.local_tile(gQr, (H, D), (q_row, 0))
-        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
-                                         cute.group_modes(gQ, 0, 2))
+        readers = 128       # consumer threads that read (and release) each chunk
+        sPart, hpipe = None, None
+        if cutlass.const_expr(self.HEAD_SPLIT):
+            # Q as two tiles of NQ rows (query row q_row's rows (q_row, h) are rows q_row H + h of the 2-D view)
+            q_tiles = []
+            for t in cutlass.range_constexpr(2):
+                gQ = cute.local_tile(gQr, (self.NQ, D), (q_row * 2 + t, 0))
+                q_tiles.append(cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                                     cute.group_modes(sQ[None, None, t], 0, 2),
+                                                     cute.group_modes(gQ, 0, 2)))
+            readers = 256
+            sPart = storage.sPart.get_tensor(cute.make_layout((2, BK), stride=(BK, 1)))
+            hpipe = pipeline.PipelineAsync.create(barrier_storage=storage.mbar_part.data_ptr(), num_stages=2,
+                                                  producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                                  consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                                  defer_sync=True)
+        else:
+            gQ = cute.local_tile(gQr, (H, D), (q_row, 0))
+            q_tiles = [cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ2, 0, 2),
+                                             cute.group_modes(gQ, 0, 2))]
         pipe = pipeline.PipelineAsync.create(barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
                                              producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                                             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                                              defer_sync=True)
         if tidx == 0:
             cute.arch.mbarrier_init(q_bar, 1)
@@ -200,7 +237,8 @@ class SparseHeadSumSm90:
                 cpasync.prefetch_descriptor(tma_q)
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
-                cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
+                for tQs, tQg in q_tiles:
+                    cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
             if cutlass.const_expr(self.varlen):
                 gKv = mKv[None, None, 0]
@@ -248,52 +286,56 @@ class SparseHeadSumSm90:
                 sC[ctid] = self.column_value(mC, batch, q_row, ctid)
             pipeline.NamedBarrier(barrier_id=1, num_threads=256).arrive_and_wait()   # sC written by H threads
 
-            thr = mma.get_slice(ctid % 128)
-            tSrK = thr.make_fragment_A(thr.partition_A(sK))
-            tSrQ = thr.make_fragment_B(thr.partition_B(sQ2))
-            c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, H))))
-            mma.set(warpgroup.Field.ACCUMULATE, False)
-            mma_acc.set(warpgroup.Field.ACCUMULATE, True)
-            kpc = DC // 16
             stat = self.stat_init(1)
-            n_valid = n_slots                     # slots past topk_length are invalid (loaded once, not per block)
-            if cutlass.const_expr(self.has_length):
-                n_valid = cutlass.min(n_slots, cutlass.max(mLen[self.stat_coord(batch, row)], Int32(0)))
-            praw = cute.make_rmem_tensor((2,), Int32)   # the thread's two slots' idx, loaded one block ahead
-            if cwg < n_blk:
-                self.prefetch_idx(praw, mIdx, batch, row, cwg, c_mn, n_slots)
+            if cutlass.const_expr(self.HEAD_SPLIT):
+                self.blocks_split(pipe, hpipe, sK, sQ, sC, sPart, mma, mma_acc, mIdx, mLen, mS, stat, scale, batch,
+                                  row, n_slots, n_blk, seqlen_k, q_bar, ctid, cwg)
+            else:
+                thr = mma.get_slice(ctid % 128)
+                tSrK = thr.make_fragment_A(thr.partition_A(sK))
+                tSrQ = thr.make_fragment_B(thr.partition_B(sQ2))
+                c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, H))))
+                mma.set(warpgroup.Field.ACCUMULATE, False)
+                mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+                kpc = DC // 16
+                n_valid = n_slots                     # slots past topk_length are invalid (loaded once, not per block)
+                if cutlass.const_expr(self.has_length):
+                    n_valid = cutlass.min(n_slots, cutlass.max(mLen[self.stat_coord(batch, row)], Int32(0)))
+                praw = cute.make_rmem_tensor((2,), Int32)   # the thread's two slots' idx, loaded one block ahead
+                if cwg < n_blk:
+                    self.prefetch_idx(praw, mIdx, batch, row, cwg, c_mn, n_slots)
 
-            cute.arch.mbarrier_wait(q_bar, 0)
-            for n in cutlass.range(cwg, n_blk, 2, unroll=1):
-                kcur = cute.make_rmem_tensor((2,), Int32)
-                for r in cutlass.range_constexpr(2):
-                    kcur[r] = praw[r]
-                if n + 2 < n_blk:                 # next block's idx in flight during this block's wgmmas
-                    self.prefetch_idx(praw, mIdx, batch, row, n + 2, c_mn, n_slots)
-                acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                part, part2 = acc, None
-                if cutlass.const_expr(self.PROMOTE > 0):
-                    part = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                    if cutlass.const_expr(self.PROMOTE_LAG):
-                        part2 = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
-                mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
-                          self.PROMOTE, part2)
-                s_mn = acc_mn_view(acc)
-                sums = cute.make_rmem_tensor((2,), Float32)
-                sums.fill(0.0)
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    cv = sC[c_mn[0, c][1]]
+                cute.arch.mbarrier_wait(q_bar, 0)
+                for n in cutlass.range(cwg, n_blk, 2, unroll=1):
+                    kcur = cute.make_rmem_tensor((2,), Int32)
                     for r in cutlass.range_constexpr(2):
-                        sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
-                for r in cutlass.range_constexpr(2):
-                    j = n * BK + c_mn[r, 0][0]
-                    valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
-                    v = Float32(cutlass.select_(valid, quad_sum(sums[r]), Float32(self.MASK)))
-                    if quad == r:
-                        if j < n_slots:
-                            mS[self.out_coord(batch, row, j)] = v
-                    sums[r] = v
-                self.stat_update(stat, 0, sums[0], sums[1])
+                        kcur[r] = praw[r]
+                    if n + 2 < n_blk:                 # next block's idx in flight during this block's wgmmas
+                        self.prefetch_idx(praw, mIdx, batch, row, n + 2, c_mn, n_slots)
+                    acc = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                    part, part2 = acc, None
+                    if cutlass.const_expr(self.PROMOTE > 0):
+                        part = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                        if cutlass.const_expr(self.PROMOTE_LAG):
+                            part2 = thr.make_fragment_C(thr.partition_shape_C((BK, H)))
+                    mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, cwg, (n // 2) * NC, NC, kpc,
+                              self.PROMOTE, part2)
+                    s_mn = acc_mn_view(acc)
+                    sums = cute.make_rmem_tensor((2,), Float32)
+                    sums.fill(0.0)
+                    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                        cv = sC[c_mn[0, c][1]]
+                        for r in cutlass.range_constexpr(2):
+                            sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
+                    for r in cutlass.range_constexpr(2):
+                        j = n * BK + c_mn[r, 0][0]
+                        valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
+                        v = Float32(cutlass.select_(valid, quad_sum(sums[r]), Float32(self.MASK)))
+                        if quad == r:
+                            if j < n_slots:
+                                mS[self.out_coord(batch, row, j)] = v
+                        sums[r] = v
+                    self.stat_update(stat, 0, sums[0], sums[1])
             # statistic: lanes xor 4, 8, 16 (rows), then the 8 consumer warps
             a, bb = stat[0, 0], stat[1, 0]
             for off in cutlass.range_constexpr(3):
@@ -308,6 +350,78 @@ class SparseHeadSumSm90:
                 for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
                     a, bb = self.stat_merge(a, bb, sRed[0, w], sRed[1, w])
                 mStat[self.stat_coord(batch, row)] = self.stat_final(a, bb)
+
+    @cute.jit
+    def blocks_split(self, pipe, hpipe, sK, sQ, sC, sPart, mma: cute.TiledMma, mma_acc: cute.TiledMma,
+                     mIdx: cute.Tensor, mLen: cute.Tensor, mS: cute.Tensor, stat, scale: Float32, batch: Int32,
+                     row: Int32, n_slots: Int32, n_blk: Int32, seqlen_k: Int32, q_bar, ctid: Int32, cwg: Int32):
+        """HEAD_SPLIT: consumer cwg takes heads [cwg NQ, cwg NQ + NQ) of every block (A = the block's chunks, read by
+        both; B = its Q tile), the wgmma sums promoted to fp32 in pipelined groups (mma_block with a second partial
+        accumulator: no wait per group), then the f-sum over its heads per slot. W1 hands its 64 slot sums to W0
+        through sPart[n % 2] (hpipe: 128 arrivals on the full mbarrier after the stores, W0 waits, reads, and
+        arrives on the empty one that W1 waits on before rewriting the stage two blocks later); W0 adds them, masks,
+        stores the scores and keeps the statistic (W1's stays the empty one)."""
+        NQ, NC = self.NQ, self.NC
+        quad = ctid % 4
+        thr = mma.get_slice(ctid % 128)
+        tSrK = thr.make_fragment_A(thr.partition_A(sK))
+        tSrQ = thr.make_fragment_B(thr.partition_B(sQ[None, None, cwg]))
+        c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((BK, NQ))))
+        mma.set(warpgroup.Field.ACCUMULATE, False)
+        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        kpc = self.DC // 16
+        n_valid = n_slots
+        if cutlass.const_expr(self.has_length):
+            n_valid = cutlass.min(n_slots, cutlass.max(mLen[self.stat_coord(batch, row)], Int32(0)))
+        praw = cute.make_rmem_tensor((2,), Int32)       # W0: the thread's two slots' idx, loaded one block ahead
+        if cwg == 0:
+            if n_blk > 0:
+                self.prefetch_idx(praw, mIdx, batch, row, Int32(0), c_mn, n_slots)
+        h0 = cwg * NQ
+        cute.arch.mbarrier_wait(q_bar, 0)
+        for n in cutlass.range(n_blk, unroll=1):
+            kcur = cute.make_rmem_tensor((2,), Int32)
+            for r in cutlass.range_constexpr(2):
+                kcur[r] = praw[r]
+            if cwg == 0:
+                if n + 1 < n_blk:
+                    self.prefetch_idx(praw, mIdx, batch, row, n + 1, c_mn, n_slots)
+            acc = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
+            part = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
+            part2 = thr.make_fragment_C(thr.partition_shape_C((BK, NQ)))
+            mma_block(pipe, mma, mma_acc, acc, part, tSrK, tSrQ, self.stages, Int32(0), n * NC, NC, kpc,
+                      self.PROMOTE, part2, 1)
+            s_mn = acc_mn_view(acc)
+            sums = cute.make_rmem_tensor((2,), Float32)
+            sums.fill(0.0)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                cv = sC[h0 + c_mn[0, c][1]]
+                for r in cutlass.range_constexpr(2):
+                    sums[r] = sums[r] + self.element(s_mn[r, c], cv, scale)
+            for r in cutlass.range_constexpr(2):
+                sums[r] = quad_sum(sums[r])
+            if cwg == 1:
+                st = ring_state(2, Int32(0), n, True, 1)
+                hpipe.producer_acquire(st)
+                if quad == 0:
+                    for r in cutlass.range_constexpr(2):
+                        sPart[st.index, c_mn[r, 0][0]] = sums[r]
+                hpipe.producer_commit(st)            # every W1 thread arrives after its stores (release)
+            else:
+                st = ring_state(2, Int32(0), n, False, 1)
+                hpipe.consumer_wait(st)
+                for r in cutlass.range_constexpr(2):
+                    sums[r] = sums[r] + sPart[st.index, c_mn[r, 0][0]]
+                hpipe.consumer_release(st)           # after this thread's reads
+                for r in cutlass.range_constexpr(2):
+                    j = n * BK + c_mn[r, 0][0]
+                    valid = j < n_valid and kcur[r] >= 0 and kcur[r] < seqlen_k
+                    v = Float32(cutlass.select_(valid, sums[r], Float32(self.MASK)))
+                    if quad == r:
+                        if j < n_slots:
+                            mS[self.out_coord(batch, row, j)] = v
+                    sums[r] = v
+                self.stat_update(stat, 0, sums[0], sums[1])
 
     @cute.jit
     def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32):
@@ -328,7 +442,14 @@ class SparseHeadSumSm90:
         producer's chunk g - stages when a half ring of stages / 2 holds whole blocks (any LAG < stages holds), at
         least g - stages / 2 otherwise (LAG < stages / 2). A
         consumer that releases chunk c only once chunk c + 1 arrived (PROMOTE = 0, head_sum_sm90.mma_block, several
-        chunks a block) needs the lag of 1 (LAG with two chunks a block; shown for half rings of 4)."""
+        chunks a block) needs the lag of 1 (LAG with two chunks a block; shown for half rings of 4). HEAD_SPLIT: both
+        consumers read every chunk of one ring and release chunk c at the latest once chunk c + 1 arrived (the
+        pipelined promotion retires a chunk's last group behind the next group's issue), so the producer's acquire
+        of chunk g + LAG (stage of chunk g + LAG - stages, freed once chunk g + LAG - stages + 1 was published) never
+        waits on its own unpublished chunks while LAG <= stages - 2."""
+        if self.HEAD_SPLIT:
+            assert LAG <= self.stages - 2, self.stages
+            return LAG
         if self.PROMOTE > 0 or self.NC == 1:
             # the other consumer's chunks interleave: the gap is >= stages / 2, exactly stages when whole blocks fill
             # a half ring
@@ -339,6 +460,9 @@ class SparseHeadSumSm90:
         return LAG if self.NC <= 2 else 1
 
     def chunk_state(self, g, producer):
-        """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring."""
+        """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring
+        (HEAD_SPLIT: one ring both consumers read, chunk g in stage g % stages)."""
+        if self.HEAD_SPLIT:
+            return ring_state(self.stages, 0, g, producer, 1)
         n = g // self.NC
         return ring_state(self.stages, n % 2, (n // 2) * self.NC + g % self.NC, producer)

@@ -9,7 +9,7 @@ Seam functions (framework-agnostic; outputs are preallocated by the caller and f
   alloc, stream=0)``
 
 Forward (``forward_sm90.py``): TMA bulk tensor loads + wgmma, 128 query rows per CTA (2 consumer warpgroups +
-a producer warp), key blocks of BN = 128 (64 for head dims 192 / 256), QK(n+1) and PV(n) in flight during
+a producer warpgroup; 192 rows and 3 consumer warpgroups at head dim 64: supported.fwd_block_m), key blocks of BN = 128 (64 for head dims 192 / 256), QK(n+1) and PV(n) in flight during
 softmax(n); dense BSHD and varlen THD, GQA/MQA, bottom-right causal, sliding windows, bf16/fp16, (head_dim,
 value head_dim) as supported.FWD_HEAD_DIMS; the backward kernels take supported.BWD_HEAD_DIMS. Tested on the
 H200 (tests/gpu/test_flash_fwd.py, compute-sanitizer racecheck/memcheck clean). Variants cached per (dtype,

@@ -62,6 +62,13 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
   / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
   "auto" takes this form at D = 128 only.
 
+P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
+spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
+addresses of the element-pair stores were what spilled). H200 2026-12-05 (tests/gpu/check_flash_bwd.sh): test_flash_bwd
+238 passed, sanitize_bwd racecheck 0 hazards / memcheck 0 errors; bench/ab_flash_bwd.py, B2 H16 S8K, element pairs ->
+stmatrix: D 128 451 -> 464 TFLOP/s (1.03x), causal 410 -> 424 (1.03x), ordered 317 -> 322 / 315 -> 319, D 64 315 ->
+316 / 291 -> 291 (dK, dV bitwise equal). The statements below are of the element-pair form.
+
 Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
 launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted
 swizzled smem addresses, reloaded per tile; D=96 12 B; D=64 no spills). D 96 (2026-12-03): tests/gpu/test_flash_bwd.py
@@ -94,6 +101,8 @@ def _t3(t):
 
 class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
+
+    P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
@@ -399,8 +408,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                tPsP = thr_sdp.partition_C(sPw)
-                tPsdS = thr_sdp.partition_C(sdSw)
+                r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -451,8 +459,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                     slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
                     rP.store(acc_S.load().to(dt))
                     rdS.store(acc_dP.load().to(dt))
-                    cute.autovec_copy(rP, tPsP)
-                    cute.autovec_copy(rdS, tPsdS)
+                    self._store_tile(r2s, thr_r2s, rP, tPsP)
+                    self._store_tile(r2s, thr_r2s, rdS, tPsdS)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it

@@ -48,6 +48,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Major
+from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 
 LOG2E = math.log2(math.e)
@@ -296,6 +297,26 @@ class FlashBwdSm90:
                 mdK[bb, off_k + j, hkv, c] = (acc_dK[e] * scale).to(self.dtype)
                 mdV[bb, off_k + j, hkv, c] = acc_dV[e].to(self.dtype)
 
+    def _tile_store(self, mma_sdp: cute.TiledMma, tid, s_tiles, stmatrix: bool):
+        """How this thread writes S-shaped input-dtype tiles (P, dS) to shared memory: (copy, its thread slice, the
+        destination partition of each tile). stmatrix: four 8 x 8 b16 matrices an instruction (one row address a
+        thread per 8 elements, so fewer live swizzled addresses: the pipelined kernel's spills went from 116 to 20 B
+        at D 128); else element pairs through the accumulator's own partition (copy None; the simple kernels here,
+        whose registers stmatrix only moves around: 8 B of spills at D 256 with it)."""
+        if stmatrix:
+            r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype), mma_sdp)
+            thr = r2s.get_slice(tid)
+            return r2s, thr, [thr.partition_D(t) for t in s_tiles]
+        thr = mma_sdp.get_slice(tid)
+        return None, thr, [thr.partition_C(t) for t in s_tiles]
+
+    def _store_tile(self, r2s, thr, r, dst):
+        """r (registers, the accumulator's layout, input dtype) -> dst, by _tile_store's copy."""
+        if r2s is None:
+            cute.autovec_copy(r, dst)
+        else:
+            cute.copy(r2s, thr.retile(r), dst)
+
     @cute.jit
     def _p_ds(self, acc_S: cute.Tensor, acc_dP: cute.Tensor, tScS: cute.Tensor, sLSE: cute.Tensor,
               sDelta: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2):
@@ -467,8 +488,7 @@ class FlashBwdSm90:
             tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bn)))
             tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bn, D)))
             tQc = thr_dq.partition_C(cute.make_identity_tensor((bm, D)))
-            tPsP = thr_sdp.partition_C(sP)
-            tPsdS = thr_sdp.partition_C(sdS)
+            r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, tid, (sP, sdS), False)
 
             acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
             acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -517,9 +537,9 @@ class FlashBwdSm90:
                 if cutlass.const_expr(want_dk):
                     rdS.store(acc_dP.load().to(dt))
                 if cutlass.const_expr(want_dv):
-                    cute.autovec_copy(rP, tPsP)
+                    self._store_tile(r2s, thr_r2s, rP, tPsP)
                 if cutlass.const_expr(want_dk):
-                    cute.autovec_copy(rdS, tPsdS)
+                    self._store_tile(r2s, thr_r2s, rdS, tPsdS)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_threads()
 
@@ -611,7 +631,7 @@ class FlashBwdSm90:
             tQrKt = mma_dq.make_fragment_B(thr_dq.partition_B(_transpose(sK)))
             tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bn)))
             tQc = thr_dq.partition_C(cute.make_identity_tensor((bm, D)))
-            tPsdS = thr_sdp.partition_C(sdS)
+            r2s, thr_r2s, (tPsdS,) = self._tile_store(mma_sdp, tid, (sdS,), False)
             acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
             acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
             acc_dQ = cute.make_rmem_tensor(tQc.shape, Float32)
@@ -649,7 +669,7 @@ class FlashBwdSm90:
                 self._p_ds(acc_S, acc_dP, tScS, sLSE, sDelta, i0, j0, slen_q, slen_k, off,
                            win_left, win_right, scale_log2)
                 rdS.store(acc_dP.load().to(dt))
-                cute.autovec_copy(rdS, tPsdS)
+                self._store_tile(r2s, thr_r2s, rdS, tPsdS)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_threads()
 

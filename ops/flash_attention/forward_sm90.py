@@ -12,12 +12,14 @@ Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_sc
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
 MHA form, (192, 192), (256, 256)); out has Dv columns.
 
-Tiling. One CTA = 128 query rows of one (batch, head) = 3 warpgroups (384 threads):
-  - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (128 x D) once,
+Tiling. One CTA = BM query rows of one (batch, head) (supported.fwd_block_m: 192 for (64, 64) without a bounded
+mask, else 128) = one
+producer and BM / 64 consumer warpgroups (384 or 512 threads; setmaxnreg 24 / 240 or 24 / 160):
+  - warpgroup 0 (producer, registers lowered): its warp 0 issues TMA bulk tensor loads: the Q tile (BM x D) once,
     then for each visible key block n: K_n (BN x D, K-major) and V_n (read as Dv x BN, MN-major) into a
-    ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 8 consumer
+    ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 4 x BM / 64 consumer
     warps).
-  - warpgroups 1 and 2 (consumers): each owns 64 of the 128 rows (the tiled MMA has 2 atoms along M).
+  - warpgroups 1.. (consumers): each owns 64 of the BM rows (the tiled MMA has BM / 64 atoms along M).
     Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> scale, mask (only on blocks that need it),
     online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x Dv x 16 atoms).
     Epilogue: O / l written straight from registers to global memory with a row predicate (so varlen
@@ -39,6 +41,10 @@ New pairs, B2 H16 S8k (docs/performance.md): (192, 128) 720 / 668 TFLOP/s non-ca
 0.91x / 0.86x FA4), (96, 96) 563 / 481, (192, 192) 663 / 624, (256, 256) 707 / 643. Speed against SDPA, cuDNN and FA4 in one run: docs/performance.md (D=128 S=8k about
 1.8x SDPA-FA2, 0.9x-1.0x cuDNN, 0.85x-0.9x FA4). Launched through TVM-FFI: ~60 us of host time per call.
 The ping-pong option passed the same tests but measured mixed (+/- ~15 %, noisy), so it stays off.
+The 192-row D 64 tile (2026-12-05, H100): tests/gpu/test_flash_fwd.py 171/171 pass with it at D 64 masked and
+unmasked (PADDLE_DSA_FWD_BM64=192/192), racecheck and memcheck clean; same-run A/B against the 128-row tile:
+non-causal 428-469 vs 401-442 TFLOP/s at S >= 4096 (+4..8 %), causal 190-426 vs 225-432 (slower; the masked variants
+spill 100-132 B at 160 registers a consumer thread), so only the unmasked D 64 variants take it by default.
 """
 import math
 
@@ -56,17 +62,16 @@ from ..common import mask as mask_lib
 from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_step, online_softmax_update,
                               p_operand_view, rescale_rows, scale_scores, softmax_state)
 
-BLOCK_M = 128
-NUM_THREADS = 384
+from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
 
 # (Dqk, Dv) -> (BN key rows a block, stages of the K / V ring). Shared memory (16-bit elements, 1 KiB alignment):
-# Q 128 x Dqk + stages x BN x (Dqk + Dv). Live fp32 accumulators a consumer thread: O 64 x Dv / 128 + S 64 x BN / 128.
+# Q BM x Dqk + stages x BN x (Dqk + Dv). Live fp32 accumulators a consumer thread: O 64 x Dv / 128 + S 64 x BN / 128.
 # Picked on CPU (2026-12-03, ptxas sm_90a): no spills, and no warpgroup.arrive injected by ptxas between the P V
 # wgmmas (it does inject them for (192, 192) at BN 80 / 96 / 112 and (256, 256) at BN 80, when P's registers are
 # repacked between the wgmmas of one group; (192, 192) at BN 128 needs a single stage and spills).
 TILES = {
-    (64, 64): (128, 3),      # 16 + 3 x 32 = 112 KiB;  O 32 + S 64 registers
+    (64, 64): (128, 3),      # 24 (BM 192) + 3 x 32 = 120 KiB;  O 32 + S 64 registers
     (96, 96): (128, 3),      # 24 + 3 x 48 = 168 KiB;  O 48 + S 64
     (128, 128): (128, 2),    # 32 + 2 x 64 = 160 KiB;  O 64 + S 64
     (192, 128): (128, 2),    # 48 + 2 x 80 = 208 KiB;  O 64 + S 64
@@ -79,7 +84,8 @@ def smem_bytes(head_dim, v_head_dim):
     """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below)."""
     bn, stages = TILES[(head_dim, v_head_dim)]
     up = lambda x: -(-x // 1024) * 1024  # noqa: E731
-    return up(up(up(8 * (4 * stages + 1)) + BLOCK_M * head_dim * 2) + stages * bn * head_dim * 2) + \
+    bm = max(fwd_block_m(head_dim, v_head_dim, b) for b in (False, True))
+    return up(up(up(8 * (4 * stages + 1)) + bm * head_dim * 2) + stages * bn * head_dim * 2) + \
         stages * bn * v_head_dim * 2
 
 
@@ -93,7 +99,11 @@ class FlashFwdSm90:
         self.dtype = dtype
         self.D = head_dim
         self.Dv = v_head_dim
-        self.BM = BLOCK_M
+        self.BM = fwd_block_m(head_dim, v_head_dim, bounded)
+        self.wgs = self.BM // 64                  # consumer warpgroups, 64 rows each
+        self.threads = 128 * (1 + self.wgs)
+        # setmaxnreg: producer 24, consumers 240 (2) or 160 (3): 24 + wgs x regs <= 512 (64 K registers / 128)
+        self.consumer_regs = 240 if self.wgs == 2 else 160
         self.BN, self.stages = TILES[(head_dim, v_head_dim)]
         assert smem_bytes(head_dim, v_head_dim) <= SMEM_BYTES
         self.bounded = bounded
@@ -102,7 +112,8 @@ class FlashFwdSm90:
         self.overlap = overlap
         # pingpong (with overlap): the two consumer warpgroups take turns issuing their wgmmas (named barriers),
         # so one warpgroup's softmax runs under the other's tensor-core work (passed the GPU tests; off by default)
-        self.pingpong = pingpong and overlap
+        # (turns between exactly two consumer warpgroups: off for the 192-row tile, whatever PADDLE_DSA_FWD_PINGPONG)
+        self.pingpong = pingpong and overlap and self.wgs == 2
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -144,13 +155,13 @@ class FlashFwdSm90:
             grid_z = mQ.shape[0]
 
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                   (2, 1, 1), tiler_mn=(64, BN))
+                                                   (self.wgs, 1, 1), tiler_mn=(64, BN))
         # same QK MMA twice: one fixed to overwrite (first k-block), one to accumulate; fixing the ACCUMULATE field
         # once, outside all staged control flow, keeps the tracer from carrying MMA state across regions
         qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                       (2, 1, 1), tiler_mn=(64, BN))
+                                                       (self.wgs, 1, 1), tiler_mn=(64, BN))
         pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-                                                   (2, 1, 1), tiler_mn=(64, Dv),
+                                                   (self.wgs, 1, 1), tiler_mn=(64, Dv),
                                                    a_source=warpgroup.OperandSource.RMEM)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, D), dt, self.stages)
@@ -178,7 +189,7 @@ class FlashFwdSm90:
 
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, o_v, lse_v, mCuQ, mCuK, scale_log2, win_left, win_right,
                     num_heads, num_kv_heads, grid_m, qk_mma, qk_mma_acc, pv_mma, sQ_layout, sK_layout, sV_layout).launch(
-            grid=(grid_m, num_heads, grid_z), block=(NUM_THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+            grid=(grid_m, num_heads, grid_z), block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------------ device
     @cute.kernel
@@ -214,13 +225,13 @@ class FlashFwdSm90:
     @cute.jit
     def clear_tail(self, mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, head: Int32, m_block: Int32,
                    grid_m: Int32, tidx: Int32):
-        """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over 128-row chunks)."""
+        """Varlen rows at or past cu_seqlens_q[-1]: out 0, lse -inf (grid-stride over BM-row chunks)."""
         D, BM = self.Dv, self.BM  # out rows are Dv wide
         total = mO.shape[0]
         start = mCuQ[mCuQ.shape[0] - 1] + m_block * BM
         zero = self.dtype(0.0)
         for row0 in cutlass.range(start, total, grid_m * BM, unroll=1):
-            for i in cutlass.range(tidx, BM * D, NUM_THREADS, unroll=1):
+            for i in cutlass.range(tidx, BM * D, self.threads, unroll=1):
                 row = row0 + i // D
                 if row < total:
                     mO[row, i % D, head] = zero
@@ -272,7 +283,7 @@ class FlashFwdSm90:
                                               self.bounded)
 
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.wgs)  # one arrive per consumer warp
         pipe_k = pipeline.PipelineTmaAsync.create(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
                                                   producer_group=producer, consumer_group=consumers,
                                                   tx_count=self.k_bytes, defer_sync=True)
@@ -304,8 +315,8 @@ class FlashFwdSm90:
                     cute.copy(tma_v, tVg[None, n], tVs[None, st.index], tma_bar_ptr=pipe_v.producer_get_barrier(st))
                     st.advance()
         else:
-            # ---------------- consumers (2 warpgroups x 64 rows)
-            cute.arch.setmaxregister_increase(240)
+            # ---------------- consumers (BM / 64 warpgroups x 64 rows)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
             thr_qk = qk_mma.get_slice(ctid)
             thr_pv = pv_mma.get_slice(ctid)

@@ -23,7 +23,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 _CACHE = {}
 _LOG2E = math.log2(math.e)
-BLOCK_M = 128  # query rows per CTA (forward_sm90.BLOCK_M; a CPU test keeps the two equal)
+BLOCK_M = supported.FWD_BLOCK_M_DEFAULT  # query rows per CTA but for supported.FWD_BLOCK_M's pairs (fwd_block_m)
 
 
 def _lazy():
@@ -69,7 +69,8 @@ def _compile(key, args):
 
 # Stride divisibility (elements) the compiled code may assume for q/k/v/out; the seam checks 8 (16 bytes) for every
 # launch. Measured on the H200 (2026-12-02, B2 S8k H16 bf16, TFLOP/s, 8 vs 1): D128 658 vs 641, D128 causal 600 vs
-# 576, D64 causal 382 vs 370, but D64 non-causal 370 vs 421 (different code scheduling), so that variant is told 1.
+# 576, D64 causal 382 vs 370, but D64 non-causal 370 vs 421 (different code scheduling), so that variant is told 1
+# (all with 128-row tiles: the 192-row D 64 tile has not been measured either way).
 _STRIDE_DIVISIBILITY = {(64, False): 1}
 
 
@@ -102,7 +103,7 @@ def fake_args(key):
 def compile_variant(key):
     """Compile one variant from stand-in tensors (cached): the function every launch calls, and what the CPU
     compile tests build."""
-    ck = (key, OVERLAP, PINGPONG)
+    ck = (key, OVERLAP, PINGPONG, supported.fwd_block_m(key[1], key[2], key[3]))
     fn = _CACHE.get(ck)
     if fn is None:
         fn = _compile(key, fake_args(key))
@@ -157,7 +158,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if Tk == 0:
             raise ValueError("k/v: zero total keys is not supported by the TMA path")
-        grid_m = max(1, -(-int(max_seqlen_q) // BLOCK_M))
+        rows_q = max(1, int(max_seqlen_q))
     else:
         B, Sq = qs[0], qs[1]
         if ks[0] != B:
@@ -168,12 +169,13 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
             return
         if ks[1] == 0:
             raise ValueError("k/v: Sk == 0 is not supported by the TMA path")
-        grid_m = -(-Sq // BLOCK_M)
+        rows_q = Sq
     for name in ("q", "k", "v", "out"):
         at[name].require_tma()
     at["lse"].require_inner_contiguous(4)
-
     bounded, left, right = effective_window(causal, window)
+    grid_m = -(-rows_q // supported.fwd_block_m(D, Dv, bounded))     # query blocks of the variant's row tile
+
     scale = float(softmax_scale)
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")

@@ -90,8 +90,59 @@ def test_stream_handle():
 
 # ------------------------------------------------------------------------------------------------ forward seam
 def test_fwd_block_m_matches_kernel():
-    from ops.flash_attention import forward_sm90
-    assert fwd.BLOCK_M == forward_sm90.BLOCK_M
+    """Every variant's kernel takes the row tile the seam sizes its grid by (supported.fwd_block_m): 192 rows and
+    three consumer warpgroups at D 64 without a bounded mask unless PADDLE_DSA_FWD_BM64 says otherwise, 128 elsewhere;
+    pingpong only with two warpgroups."""
+    import cutlass
+    from ops.flash_attention import forward_sm90, supported
+    for d, dv in supported.FWD_HEAD_DIMS:
+        for bounded in (False, True):
+            kern = forward_sm90.FlashFwdSm90(cutlass.BFloat16, d, bounded, False, v_head_dim=dv, pingpong=True)
+            assert kern.BM == supported.fwd_block_m(d, dv, bounded)
+            assert kern.threads == 128 * (1 + kern.BM // 64)
+            # setmaxnreg draws on the registers the CTA was launched with: at most 64 K / threads a thread, rounded
+            # down to a multiple of 8 (384 threads: 168, a pool of 3 x 168 = 504 per 128 threads; 512 threads: 512)
+            pool = kern.threads // 128 * (65536 // kern.threads // 8 * 8)
+            assert 24 + kern.BM // 64 * kern.consumer_regs <= pool, (d, dv, bounded, kern.consumer_regs, pool)
+            assert kern.pingpong == (kern.BM == 128)
+    if "PADDLE_DSA_FWD_BM64" not in __import__("os").environ:
+        assert supported.fwd_block_m(64, 64, False) == 192 and supported.fwd_block_m(64, 64, True) == 128
+        assert supported.fwd_block_m(128, 128, True) == 128
+
+
+def test_fwd_grid_follows_the_row_tile(monkeypatch):
+    """The seam launches ceil(rows / BM) query blocks with the variant's BM (dense: Sq; varlen: max_seqlen_q), for
+    either setting of the D 64 table; a bad PADDLE_DSA_FWD_BM64 is a ValueError naming it. Launches recorded, not
+    run."""
+    from ops.flash_attention import supported
+    seen = []
+    monkeypatch.setattr(fwd, "compile_variant", lambda key: (lambda *a: seen.append((key[1], key[3], a[10]))))
+    monkeypatch.setattr(supported, "FWD_BLOCK_M", None)
+    monkeypatch.setattr(supported, "_BM64", "192/192")
+
+    def run(D, S, causal, varlen=False):
+        if varlen:
+            q, k = cuda(h16(S + 7, 4, D)), cuda(h16(S + 7, 4, D))
+            cu = cuda(np.array([0, 7, S + 7], np.int32))
+            fwd.flash_attn_fwd(q, k, cuda(h16(S + 7, 4, D)), cuda(h16(S + 7, 4, D)), cuda(f32(4, S + 7)),
+                               softmax_scale=0.1, causal=causal, window=(-1, -1), cu_seqlens_q=cu, cu_seqlens_k=cu,
+                               max_seqlen_q=S, max_seqlen_k=S)
+        else:
+            a = dense(B=1, S=S, D=D)
+            fwd.flash_attn_fwd(a["q"], a["k"], a["v"], a["out"], a["lse"], softmax_scale=0.1, causal=causal,
+                               window=(-1, -1))
+        return seen[-1][2]
+
+    assert [run(64, 400, c) for c in (False, True)] == [3, 3]          # ceil(400 / 192)
+    assert run(64, 384, True) == 2 and run(64, 385, False, varlen=True) == 3
+    assert [run(128, 400, c) for c in (False, True)] == [4, 4]        # ceil(400 / 128)
+    monkeypatch.setattr(supported, "FWD_BLOCK_M", None)
+    monkeypatch.setattr(supported, "_BM64", "192/128")
+    assert [run(64, 400, c) for c in (False, True)] == [3, 4]
+    monkeypatch.setattr(supported, "FWD_BLOCK_M", None)
+    monkeypatch.setattr(supported, "_BM64", "256/192")
+    with pytest.raises(ValueError, match="PADDLE_DSA_FWD_BM64 must be"):
+        run(64, 400, False)
 
 
 @pytest.mark.parametrize("over, msg", [

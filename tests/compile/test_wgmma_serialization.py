@@ -21,6 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KERNELS = {
     "flash_fwd_128": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', 128, "
                      "False, False))",
+    "flash_fwd_64_causal": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', 64, "
+                           "True, True))",
     "flash_fwd_192_128": "from ops.flash_attention import fwd as m; m.compile_variant(m.variant_key('bfloat16', "
                          "192, True, False, 128))",
     "flash_bwd_fast": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, False, False, "
@@ -39,6 +41,9 @@ KERNELS = {
                          "False))",
     "sparse_attn_scores": "from ops.dsa.attn_score import sparse as m; m.compile_variant(m.variant_key(576, 128, "
                           "False, True))",
+    "sparse_attn_scores_lockstep": "from ops.dsa.attn_score import sparse as m, sparse_sm90 as k; "
+                                   "k.SparseAttnScoreSm90.HEAD_SPLIT = False; "
+                                   "m.compile_variant(m.variant_key(576, 128, True, True))",
     "sparse_attn_fwd": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True))",
     "sparse_attn_fwd_qk_early": "from ops.dsa.sparse_attn import fwd as m, fwd_sm90 as k; import cutlass.cute as cute; "
@@ -51,11 +56,6 @@ KERNELS = {
                                      "512, 128, True, True, True, True, True))",
     "sparse_indexer_bwd": "from ops.dsa.indexer import sparse_bwd as m; m.compile_variant(m.variant_key(128, 64, "
                           "'float32', False, False))",
-    "sparse_indexer_bwd_x_early": "from ops.dsa.indexer import sparse_bwd as m, sparse_bwd_sm90 as k; "
-                                  "import cutlass.cute as cute; from ops.common.tensors import COMPILE_OPTIONS as o; "
-                                  "key = m.variant_key(128, 64, 'float32', False, False); "
-                                  "cls = type('E', (k.SparseIndexerBwdSm90,), {'X_EARLY': 1}); "
-                                  "cute.compile(cls(*key), *m.fake_args(key), options=o)",
     "sparse_indexer_bwd_deterministic": "from ops.dsa.indexer import sparse_bwd as m; m.compile_variant("
                                         "m.variant_key(128, 64, 'float32', True, True, True))",
     "dense_indexer_bwd_deterministic": "from ops.dsa.indexer import dense_bwd as m; m.compile_variant("

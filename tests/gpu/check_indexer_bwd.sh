@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of the indexer backward (ops/dsa/indexer/sparse_bwd_sm90.py, its dense subclass) in one device call:
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT; bash tests/gpu/check_indexer_bwd.sh
-# test_dsa_indexer_bwd (with test_x_early_knob: the X_EARLY schedule against the default) and
-# test_dsa_indexer_dense_bwd and their sanitizers through run_device.sh, then bench/indexer_bwd_shapes.py (the launch
-# shapes with X_EARLY 0 / 1, cuDNN frontend's sparse row in the same run). Logs to $OUT.
+# test_dsa_indexer_bwd and test_dsa_indexer_dense_bwd and their sanitizers through run_device.sh, then
+# bench/indexer_bwd_shapes.py (the launch shapes, cuDNN frontend's sparse row in the same run). Logs to $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh

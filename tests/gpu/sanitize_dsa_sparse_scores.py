@@ -1,5 +1,6 @@
-"""One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail)
-for compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN)."""
+"""One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail),
+and the attention kernel (HEAD_SPLIT schedule) also dense with topk_length over several blocks a row, for
+compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN)."""
 import os
 import sys
 
@@ -36,6 +37,14 @@ def main():
     sparse_attn_score_fwd(qa, kva, lse, ia, sa, la, softmax_scale=0.04, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                           stream=stream)
     outs += [sa, la]
+    qd = torch.randn(1, 3, 128, 576, device=dev).bfloat16()
+    kvd = torch.randn(1, 400, 576, device=dev).bfloat16()
+    lsed = torch.randn(1, 128, 3, device=dev) + 6
+    idd = torch.randint(-1, 410, (1, 3, 300), device=dev, dtype=torch.int32)
+    tld = torch.tensor([[300, 0, 150]], dtype=torch.int32, device=dev)
+    sd, ld = torch.full(idd.shape, nan, device=dev), torch.full((1, 3), nan, device=dev)
+    sparse_attn_score_fwd(qd, kvd, lsed, idd, sd, ld, softmax_scale=0.04, topk_length=tld, stream=stream)
+    outs += [sd, ld]
     torch.cuda.synchronize()
     bad = int(sum(torch.isnan(t).sum() for t in outs))
     print("sanitize_dsa_sparse_scores: unwritten (NaN) elements:", bad)

@@ -1,5 +1,5 @@
-"""Small forward configs (dense causal GQA, varlen; head dims 64, 128, 96, 192 / 128, 256) for compute-sanitizer
-racecheck / memcheck."""
+"""Small forward configs (dense causal GQA, varlen; head dims 64 (dense causal; varlen unmasked), 128, 96,
+192 / 128, 256) for compute-sanitizer racecheck / memcheck."""
 import math
 import os
 import sys
@@ -35,13 +35,14 @@ def main():
                    stream=torch.cuda.current_stream().cuda_stream)
     # head dims beyond 64 / 128: (192, 128) dense causal GQA (BN 128), (256, 256) varlen (BN 64), (96, 96) dense
     extra = []
-    for (d, dv, varlen) in ((192, 128, False), (256, 256, True), (96, 96, False)):
+    # (64, 64) varlen unmasked: the 192-row tile's 512-thread unmasked path and its tail clearing (9 rows past the end)
+    for (d, dv, varlen) in ((192, 128, False), (256, 256, True), (96, 96, False), (64, 64, True)):
         if varlen:
             x = (torch.randn(180, 2, d, device=dev, dtype=torch.bfloat16), torch.randn(140, 1, d, device=dev,
                  dtype=torch.bfloat16), torch.randn(140, 1, dv, device=dev, dtype=torch.bfloat16))
             o = torch.full((180, 2, dv), float("nan"), device=dev, dtype=torch.bfloat16)
             lx = torch.full((2, 180), float("nan"), device=dev)
-            flash_attn_fwd(*x, o, lx, softmax_scale=1 / math.sqrt(d), causal=True, window=(-1, -1),
+            flash_attn_fwd(*x, o, lx, softmax_scale=1 / math.sqrt(d), causal=d != 64, window=(-1, -1),
                            cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=101, max_seqlen_k=130,
                            stream=torch.cuda.current_stream().cuda_stream)
         else:

@@ -183,37 +183,6 @@ def test_reruns():
 
 
 @pytest.mark.parametrize("det", [False, True], ids=["atomics", "deterministic"])
-def test_x_early_knob(monkeypatch, det):
-    """SparseIndexerBwdSm90.X_EARLY (each consumer's next X^T issued behind this block's first dk tile) flipped from
-    its default: the gradients pass the accuracy gates, and d_index_q / d_weights (and the deterministic d_index_k)
-    are bitwise those of the default schedule, d_index_k of the atomics within the fp32 reordering bound. Several
-    blocks a consumer (K 1000: 16 blocks), an odd block count, topk_length."""
-    from ops.dsa.indexer import sparse_bwd, sparse_bwd_sm90
-    cls = sparse_bwd_sm90.SparseIndexerBwdSm90
-    default = cls.X_EARLY
-    H, D, Sq, Sk, K = 64, 128, 12, 900, 1000
-    q, k, w = inputs((1, Sq), Sk, H, D, torch.float32, 31)
-    idx = indices((1, Sq), K, Sk)
-    tl = torch.randint(0, K + 9, (1, Sq), device=DEV, dtype=torch.int32)
-    dkw = {"deterministic": True, "workspace_bytes": 1 << 26} if det else None
-    s, lse, a, l1 = stats(q, k, w, idx, topk_length=tl)                # one draw of the target for both schedules
-    c = torch.tensor([0.37], device=DEV)
-    res = {}
-    for setting in (1 - default, default):
-        monkeypatch.setattr(cls, "X_EARLY", setting)
-        monkeypatch.setattr(sparse_bwd, "_CACHE", {})
-        if setting != default:
-            check(q, k, w, idx, topk_length=tl, det=dkw)                 # the accuracy gates (a fresh target)
-        res[setting] = run(q, k, w, idx, s, lse, a, l1, c, topk_length=tl, det=dkw)
-    (dq1, dk1, dw1), (dq0, dk0, dw0) = res[1 - default], res[default]
-    assert torch.equal(dq1, dq0) and torch.equal(dw1, dw0)
-    if det:
-        assert torch.equal(dk1, dk0)
-    else:
-        assert ((dk1 - dk0).abs() <= 2 ** -14 * dk0.abs().max()).all()
-
-
-@pytest.mark.parametrize("det", [False, True], ids=["atomics", "deterministic"])
 def test_cuda_graph_capture(det):
     """The seam captured in a CUDA graph (deterministic: its chunks, the sort and the segment sums too, 5-row
     chunks), replayed into NaN-poisoned outputs: dq and d_weights equal to an eager run's, d_index_k within the

@@ -2,7 +2,8 @@
 float64 (tests/gpu/dsa_ref.py): scores and statistics NaN-poisoned, gates as the dense tests (2x the float32
 implementation's rel_rms; the -inf / 0 pattern of invalid slots exact; no NaN/inf for finite inputs).
 Slots: indices drawn from [-3, Sk + 5) (negative and past-the-end ones invalid), duplicates, topk_length random or
-0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1].
+0, whole rows and whole 64-slot blocks invalid, THD with an empty segment and rows past cu_seqlens_q[-1]. The
+attention kernel runs its HEAD_SPLIT schedule (ops/common/sparse_head_sum_sm90.py, on since 2026-12-05).
 Run: python -m pytest -q tests/gpu/test_dsa_sparse_scores.py
 """
 import math
@@ -25,8 +26,6 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
-
-
 def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
     return (torch.randn(*shape, device=DEV) * scale).to(dtype)
 
@@ -46,8 +45,8 @@ def run(kind, q, k, c, idx, *, topk_length=None, cu_q=None, cu_k=None, scale=Non
         sparse_indexer_fwd(q, k, c, idx, s, st, topk_length=topk_length, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                            stream=stream)
     else:
-        sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length, cu_seqlens_q=cu_q,
-                              cu_seqlens_k=cu_k, stream=stream)
+        sparse_attn_score_fwd(q, k, c, idx, s, st, softmax_scale=scale, topk_length=topk_length,
+                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, stream=stream)
     return s, st
 
 
@@ -114,7 +113,7 @@ def test_topk_length_and_invalid_blocks(kind, H, D):
     check(kind, q, k, c, idx, scale=0.05)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[4]])
 def test_thd(kind, H, D):
     cu_q = torch.tensor([0, 70, 70, 171, 172], dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0, 130, 131, 250, 250], dtype=torch.int32, device=DEV)
@@ -126,7 +125,7 @@ def test_thd(kind, H, D):
     check(kind, q, k, c, idx, topk_length=tl, cu_q=cu_q, cu_k=cu_k, scale=0.04)
 
 
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3]])
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[4]])
 def test_nan_only_through_valid_slots(kind, H, D):
     """A NaN key row reached only through invalid slots leaks nowhere; one reached through a valid slot poisons that
     slot's score and the row's statistic only."""
@@ -146,12 +145,13 @@ def test_nan_only_through_valid_slots(kind, H, D):
 
 
 def test_attn_degenerate_lse():
-    q, k, c = inputs("attn", (1, 30), 400, 128, 576, 256, 4)
+    kind = "attn"
+    q, k, c = inputs(kind, (1, 30), 400, 128, 576, 256, 4)
     idx = indices((1, 30), 256, 400)
     c[0, :, 3] = -1e30
     c[0, :, 4] = float("-inf")
     c[0, :, 5] = float("inf")
-    s, st = check("attn", q, k, c, idx, scale=1 / 24)
+    s, st = check(kind, q, k, c, idx, scale=1 / 24)
     assert (s[0, 5] == 0).all() and st[0, 5] == 0
 
 
@@ -181,3 +181,4 @@ def test_cuda_graph_capture(kind, H, D):
     ex, ex_t = reference(kind, q, k, c, idx, torch.float64, scale=0.05)
     assert not torch.isnan(s).any() and not torch.isnan(st).any()
     assert rel_rms(s, ex) < 1e-5 and rel_rms(st, ex_t) < 1e-5
+

@@ -82,7 +82,7 @@ def rnd(*shape, dtype=BF16, scale=1.0):
 
 
 # ------------------------------------------------------------------------------------------------ dense
-@pytest.mark.parametrize("S", [1, 17, 128, 255, 1000, 4097])
+@pytest.mark.parametrize("S", [1, 17, 128, 255, 384, 1000, 4097])     # 384: two whole 192-row tiles at D 64
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_lengths(S, D, causal):
@@ -102,9 +102,10 @@ def test_fp16(D, causal):
 
 @pytest.mark.parametrize("Sq,Sk", [(113, 203), (203, 113), (301, 190), (1, 519), (512, 1), (128, 777), (777, 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sq_ne_sk(Sq, Sk, causal):
-    torch.manual_seed(Sq + 3 * Sk)
-    q, k, v = rnd(2, Sq, 2, 128), rnd(2, Sk, 2, 128), rnd(2, Sk, 2, 128)
+@pytest.mark.parametrize("D", [64, 128])          # D 64: the 192-row tile (Sq below, across and past one tile)
+def test_sq_ne_sk(Sq, Sk, causal, D):
+    torch.manual_seed(Sq + 3 * Sk + D)
+    q, k, v = rnd(2, Sq, 2, D), rnd(2, Sk, 2, D), rnd(2, Sk, 2, D)
     check(q, k, v, causal=causal)
 
 
@@ -185,6 +186,15 @@ def test_varlen(causal, D):
     q, k, v, cu_q, cu_k, mq, mk = _varlen_case([5, 0, 1, 294, 1000, 3], [7, 3, 0, 390, 500, 513], 4, 2, D,
                                               extra_q=37, extra_k=5)
     check(q, k, v, causal=causal, cu_q=cu_q, cu_k=cu_k, max_q=mq, max_k=mk)
+
+
+def test_varlen_tail_strides():
+    """D 64 (192-row tile), a small max_seqlen_q (one query block a segment) and 500 rows past cu_seqlens_q[-1]: the
+    tail clearing walks them in several grid-strides of BM rows."""
+    torch.manual_seed(25)
+    q, k, v, cu_q, cu_k, mq, mk = _varlen_case([5, 100, 0, 60], [50, 300, 7, 60], 4, 2, 64, extra_q=500)
+    for causal in (False, True):
+        check(q, k, v, causal=causal, cu_q=cu_q, cu_k=cu_k, max_q=mq, max_k=mk)
 
 
 def test_varlen_window_gqa():

@@ -11,7 +11,13 @@ Status (H200, 2026-12-03): tests/gpu/test_dsa_sparse_scores.py (attention cases)
 2048, 128 heads, Dqk 576: 5.53 ms = 224 TFLOP/s, cuDNN frontend 2.78 ms in the same run (0.50x); without the
 promotion 3.46 ms (but 3-5x the float32 error): the wait per promoted group stalls this kernel far more than the
 dense one. 2026-12-04 (slot idx loaded a block ahead in the core): 5.21 ms = 238 TFLOP/s, cuDNN 2.78 (0.53x); tests
-and sanitizers pass.
+and sanitizers pass. The promotion's wait per group is what
+this kernel lost to cuDNN (without it 3.46 ms). Since 2026-12-05 the kernel runs the HEAD_SPLIT schedule
+(ops/common/sparse_head_sum_sm90.py: both consumers on every block at half the heads, the promotion pipelined).
+H200 2026-12-05 (bench/ab_attn_score.py, same run): H 128 3.48 ms = 356 TFLOP/s against the lockstep schedule's 5.32
+ms (1.53x), H 64 2.61 vs 3.86 ms (1.48x), scores and l1norm within 1e-7 relative of it; cuDNN frontend 2.80 ms at
+H 128 (0.81x). tests/gpu/test_dsa_sparse_scores.py (45 passed, the split schedule's cases included) and both
+sanitizers clean on both schedules.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue
@@ -19,6 +25,8 @@ from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue
 
 class SparseAttnScoreSm90(AttnScoreEpilogue, SparseHeadSumSm90):
     """One compiled variant: (Dqk, heads, varlen, has_length)."""
+
+    HEAD_SPLIT = True    # H200 2026-12-05: 1.5x the lockstep schedule (module docstring); False only for the A/B
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (512, 576) and heads in (64, 128), (head_dim, heads)

@@ -27,14 +27,9 @@ its own (no per-block cross-warpgroup barrier):
   128-byte line to each of 4 keys: ops/common/vector_red_sm90.py red_tile_lines; each lane takes the dk rows of its
   partner lane ^ 4 once a block); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the chunks
   read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
-X_EARLY = 1 (a class knob, off by default; compiled for sm_90a without spills or serialization in the sparse variants,
-12 B of spills in the dense deterministic THD one; NOT yet run on a GPU: tests/gpu/test_dsa_indexer_bwd.py
-test_x_early_knob and bench/indexer_bwd_shapes.py are its check and A/B): a consumer issues its next block's X^T
-right behind this block's first dk tile (wait_group(1) then retires dq and that tile only), so the dk reductions run
-under it; the loop is peeled (prologue X^T, blocks with the early issue, the last block without) so that no wgmma sits
-behind a condition. No deadlock: the next block's chunks sit in the other half of the consumer's ring part, and the
-producer publishes every block's chunks before it acquires the next block's (lag <= NC), so they never wait on this
-block's release. With X_EARLY = 0 the PTX is byte-identical to the kernel before the knob (CPU, 2026-12-05).
+A consumer's next block's X^T issued behind this block's first dk tile (the loop peeled, so the dk reductions run
+under it) measured slower on the H100 (2026-12-05, same run: sparse 4K/8K k 2048 H 64 1.99 vs 1.90 ms, dense causal
+8K H 64 7.41 vs 6.96 ms) and was taken out again (it lives in the history as the X_EARLY knob, commit c02e5ec).
 After the loop: d_weights partials reduced over the lanes of a warp (xor 4, 8, 16), then over the 4 W consumer warps
 through sDW in a fixed order; consumers 1 .. W - 1 put their dq^T partials in sDQ (fp32, accumulator order) and
 consumer 0 adds them in that order and stores d_index_q (bf16): both deterministic. d_index_k is not (fp32 atomics
@@ -101,7 +96,6 @@ class SparseIndexerBwdSm90(BlockGather):
 
     LAG = 3
     CONSUMERS = 2
-    X_EARLY = 0    # 1: each consumer issues its next block's X^T behind this block's first dk tile; A/B on the device
     REGS = {2: (40, 232), 3: (24, 160)}
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool,
@@ -398,10 +392,9 @@ class SparseIndexerBwdSm90(BlockGather):
                     lambda ch, kb, stage: (tXrK[None, None, kb, stage], tXrQ[None, None, ch * kpc + kb]), kpc)
 
     @cute.jit
-    def row_block(self, ctx, frag, regs, n: Int32, x_now: cutlass.Constexpr, x_next: cutlass.Constexpr):
-        """Consumer w's block n (module docstring): X^T (x_now: issued here, else by the block before), G, d_weights
-        partials, dA to sdA[w], dq^T and the dk tiles with their reductions, the chunks released; x_next: block
-        n + W's X^T issued right behind the first dk tile."""
+    def row_block(self, ctx, frag, regs, n: Int32):
+        """Consumer w's block n (module docstring): X^T, G, d_weights partials, dA to sdA[w], dq^T and the dk tiles
+        with their reductions, the chunks released."""
         pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
         tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k = frag
         acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
@@ -409,9 +402,8 @@ class SparseIndexerBwdSm90(BlockGather):
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
         n_cols = cute.size(x_id, mode=[1])
-        # ---- X^T = K Q^T (issued by the block before with X_EARLY)
-        if cutlass.const_expr(x_now):
-            self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n)
+        # ---- X^T = K Q^T
+        self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n)
         for r in cutlass.range_constexpr(2):           # this thread's two slots (rows of X^T)
             kidx = praw[r]
             valid = n * BK + x_id[r, 0][0] < row_len and kidx >= 0 and kidx < seqlen_k
@@ -459,11 +451,7 @@ class SparseIndexerBwdSm90(BlockGather):
             for kb in cutlass.range_constexpr(H // 16):
                 cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
             warpgroup.commit_group()
-            if cutlass.const_expr(x_next and ch == 0):
-                self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, n + self.W)
-                warpgroup.wait_group(1)                 # dq and this dk tile retired; the next X^T may not have
-            else:
-                warpgroup.wait_group(0)
+            warpgroup.wait_group(0)
             if cutlass.const_expr(self.stage):
                 st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
             else:
@@ -514,18 +502,8 @@ class SparseIndexerBwdSm90(BlockGather):
         ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
                ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
-        if cutlass.const_expr(self.X_EARLY):
-            # X^T of the consumer's next block issued behind this block's first dk tile (its reductions run under
-            # it); the loop is peeled so that no wgmma inside it sits behind a condition (ptxas serializes those:
-            # test_wgmma_serialization), the whole form behind w < n_blk
-            if w < n_blk:
-                self.issue_x(pipe, x_mma, x_mma_acc, acc_x, tXrK, tXrQ, w)
-                for n in cutlass.range(w, n_blk - self.W, self.W, unroll=1):
-                    self.row_block(ctx, frag, regs, n, False, True)
-                self.row_block(ctx, frag, regs, w + (n_blk - 1 - w) // self.W * self.W, False, False)
-        else:
-            for n in cutlass.range(w, n_blk, self.W, unroll=1):
-                self.row_block(ctx, frag, regs, n, True, False)
+        for n in cutlass.range(w, n_blk, self.W, unroll=1):
+            self.row_block(ctx, frag, regs, n)
 
         # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 4 W consumer warps in order
         for ci in cutlass.range_constexpr(n_cols):
