@@ -67,10 +67,12 @@ class BlockGather:
     Piece p of a chunk (p < self.pieces) is key row r = (tidx + 128 p) // 8 of the block and 16 bytes at column
     (tidx % 8) * 8 of the chunk (the row's index loaded one block ahead, so its latency hides behind a block of
     copies); a valid slot's piece is a cp.async, an invalid one's (idx < 0, >= the sequence's keys, past the row's
-    slots) a zero store, so no stale or uninitialised row can reach an operand. Chunk g is published `lag` chunks
-    after it was issued (publish(): wait_group, proxy fence, arrive of all 128 writers on its full barrier), and every
-    block ends with all its chunks published, so the producer never waits on a stage while holding chunks a consumer
-    needs. With `sRows` (an Int32 tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there
+    slots) a zero store, so no stale or uninitialised row can reach an operand. The chunks are filled in
+    gather_order() over periods of GATHER_PERIOD blocks (default: one block, column order); a chunk is published `lag`
+    acquires after its own (publish(): wait_group, proxy fence, arrive of all 128 writers on its full barrier) and
+    every period ends with all its chunks published. Deadlock rule for the kernel: a consumer may block on a chunk
+    of period i + 1 only after every release of period i that the producer's acquires up to lag chunks past it
+    need (with the default order and releases at the end of each block this always holds). With `sRows` (an Int32 tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there
     (publish_rows: -1 for an invalid slot), so consumers take slot validity and key rows from shared memory instead
     of loading the indices again. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a
     block), self.stages (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state),

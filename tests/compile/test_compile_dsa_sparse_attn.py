@@ -80,14 +80,24 @@ def test_ptx(tmp_path):
             f"fwd.compile_variant((576, 512, 128, True, True, True))")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    assert text.count("wgmma.mma_async") == 9 * 4 + 4        # Q K^T: 9 chunks x 4 k16; P V: 4 k16 at N = 256
-    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 9 * 4
+    # each consumer: Q K^T of its own block (9 chunks x 4 k16 at N = 64), P V on its own P (RS) and on the other's
+    # (SS), 4 k16 each at N = 256
+    assert text.count("wgmma.mma_async") == 2 * (9 * 4 + 4 + 4)
+    assert text.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 2 * 9 * 4
+    assert text.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == 2 * 8
+    # the ping-pong handoffs (m0, m1, sS1, sS0) are mbarriers: no named barrier is arrived on without a wait
+    # (racecheck took none of those arrivals as ordering: H100 / H200 2026-12-05); SUM and OUT are waited by both
+    assert not re.search(r"\bbar\.arrive\b|\bbarrier\.arrive\b", text)
+    for bar in (7, 8):
+        assert len(re.findall(rf"bar.sync\s+{bar}, 256;", text)) == 2
+    # the producer's period: 2 blocks x 9 chunks x 4 pieces
+    assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 9 * 4
     assert "st.local" not in text and "ld.local" not in text
     assert "fence.proxy.async.shared::cta" in text
-    store = ".global.shared::cta.tile.bulk_group"                       # out: 4 TMA boxes of 64 columns
-    assert text.count(store) == 4
-    first = text.index(store)
-    assert "elect.sync" in text[text.rindex("bar.sync", 0, first):first]  # issued by one elected lane, not 32
+    store = ".global.shared::cta.tile.bulk_group"     # out: 4 TMA boxes of 64 columns, in each consumer's epilogue
+    assert text.count(store) == 2 * 4
+    for m in re.finditer(re.escape(store), text):                     # each issued by one elected lane, not 32
+        assert "elect.sync" in text[text.rindex("bar.sync", 0, m.start()):m.start()]
 
 
 def f32(*s):

@@ -273,20 +273,22 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("lag", [1, 8])
-def test_schedules(monkeypatch, lag):
-    """Producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in flight before the oldest is published) give
-    bitwise the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
+@pytest.mark.parametrize("knob,value", [("LAG", 1), ("LAG", 8), ("QK_EARLY", "flip")])
+def test_schedules(monkeypatch, knob, value):
+    """Schedule knobs give bitwise the default's results: producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in
+    flight before the oldest is published) and QK_EARLY (W0's next S issued behind its last P V): dense with
+    topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
-    default = cls.LAG
+    default = getattr(cls, knob)
+    value = 1 - default if value == "flip" else value
     H, D, Sq, Skv, K = 128, 576, 30, 900, 320
     q, kv = inputs((2, Sq), Skv, H, D, 77)
     idx = indices((2, Sq), K, Skv)
     idx[1, 4, 64:192] = -1
     tl = torch.randint(0, K + 5, (2, Sq), device=DEV, dtype=torch.int32)
-    for setting in (lag, default):
-        monkeypatch.setattr(cls, "LAG", setting)
+    for setting in (value, default):
+        monkeypatch.setattr(cls, knob, setting)
         monkeypatch.setattr(fwd, "_CACHE", {})
         if setting != default:
             o1, l1 = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)

@@ -1,0 +1,214 @@
+"""CPU: a model of the sparse attention forward's synchronisation protocol (ops/dsa/sparse_attn/fwd_sm90.py): the
+producer's fill order (the kernel's own gather_order) with a chunk published LAG acquires after its own and every
+period drained, the chunk pipeline's full / empty barriers (an empty barrier completes a phase when both consumers
+arrived), the consumers' handoff mbarriers M0 / M1 / S1 / S0 (one consumer completes a phase, the other waits on
+it by parity: an arrival may never complete a phase its waiter has not yet waited on, or the parity wait would hang
+or pass early), SUM (both wait), and each consumer's waits and releases in the kernel's order. The agents run
+round-robin as generators; a round in which none of them moves is a deadlock. Every (Dqk, LAG, QK_EARLY, pair
+count) must run to the end, each consumer releasing each chunk of each block exactly once, after its own wait on
+it; the first QK_EARLY form (the next pair's whole S issued before W0's last release of the pair, found by review
+on 2026-12-05) must deadlock. The shared-memory handoff buffers (sRed[0] m0 / l, sRed[1] m1 / l, sS1, sS0: its own
+buffer at Dqk 512, slot 0's chunk 8 at 576) are checked with vector clocks that only the barriers' edges carry (an
+arrival releases, a completed wait acquires): every access must happen after each conflicting access of the other
+agents, in any interleaving, so a missing edge fails even where this schedule happens to be safe. The kernel's order
+of waits, releases and accesses is transcribed here by hand: a change to consume_first / consume_second /
+first_pair / epilogue must be made here too."""
+import pytest
+from agent_model import run_agents
+
+pytest.importorskip("cutlass")
+
+from ops.dsa.sparse_attn.fwd_sm90 import VQ, SparseAttnFwdSm90  # noqa: E402
+
+
+def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
+    kern = SparseAttnFwdSm90(D, 512, 64, False, False, False)
+    NC = kern.NC
+    order = list(kern.gather_order())
+    full, empty, rel = {}, {}, {}
+    full_vc, empty_vc, rel_vc = {}, {}, {}
+    vc = {a: {} for a in ("P", "W0", "W1")}
+    hand = {b: {"done": 0, "waited": 0, "vc": []} for b in ("M0", "M1", "S1", "S0")}
+    acc, sum_vc = {}, {}
+
+    def stage(n, c):
+        return (n % 2) * NC + c
+
+    def tick(a):
+        vc[a][a] = vc[a].get(a, 0) + 1
+        return dict(vc[a])
+
+    def join(a, other):
+        for k, v in other.items():
+            vc[a][k] = max(vc[a].get(k, 0), v)
+
+    def access(a, loc, kind):
+        """a reads ("r") or writes ("w") loc: every conflicting access of another agent must happen before it."""
+        now = tick(a)
+        for a2, k2, v2 in acc.get(loc, []):
+            if a2 != a and "w" in (kind, k2):
+                assert v2[a2] <= now.get(a2, 0), f"{loc}: {k2} by {a2} not ordered before {kind} by {a}"
+        acc[loc] = [(a, kind, now)] if kind == "w" else acc.get(loc, []) + [(a, kind, now)]
+
+    def producer():
+        for i in range(n_pair):
+            pend = []
+            for e, (b, c) in enumerate(order):
+                n = 2 * i + b
+                while empty.get(stage(n, c), 0) < n // 2:         # block n - 2's chunk released by both
+                    yield ("acquire", n, c)
+                if n >= 2:
+                    join("P", empty_vc[(stage(n, c), n // 2)])
+                access("P", ("kv", stage(n, c)), "w")              # cp.async / zero stores of the chunk
+                pend.append(stage(n, c))
+                if e >= lag:
+                    publish(pend.pop(0))
+            for s in pend:
+                publish(s)
+
+    def publish(s):
+        full[s] = full.get(s, 0) + 1
+        full_vc[(s, full[s])] = tick("P")
+
+    def wait(w, n, cs):
+        for c in cs:
+            while full.get(stage(n, c), 0) < n // 2 + 1:
+                yield ("wait", n, c)
+            join(f"W{w}", full_vc[(stage(n, c), n // 2 + 1)])
+
+    def done(w, n, cs):
+        """W{w}'s last reads of block n's chunks cs are behind it: its own full wait, the reads, the release."""
+        for c in cs:
+            yield from wait(w, n, [c])
+            access(f"W{w}", ("kv", stage(n, c)), "r")
+            who = rel.setdefault((n, c), set())
+            assert w not in who, f"W{w} released block {n} chunk {c} twice"
+            who.add(w)
+            rel_vc.setdefault((n, c), []).append(tick(f"W{w}"))
+            if len(who) == 2:
+                empty[stage(n, c)] = empty.get(stage(n, c), 0) + 1
+                merged = {}
+                for v in rel_vc[(n, c)]:
+                    for k, x in v.items():
+                        merged[k] = max(merged.get(k, 0), x)
+                empty_vc[(stage(n, c), empty[stage(n, c)])] = merged
+
+    def arrive(w, b):
+        """The writer's 128 threads complete the handoff barrier's next phase (release)."""
+        h = hand[b]
+        assert h["done"] == h["waited"], f"{b}: phase {h['done']} completed before its waiter waited phase {h['waited']}"
+        h["done"] += 1
+        h["vc"].append({} if b == drop_edge else tick(f"W{w}"))
+
+    def wait_bar(w, b):
+        """Parity wait on the handoff barrier's next phase (acquire)."""
+        h = hand[b]
+        k = h["waited"]
+        while h["done"] <= k:
+            yield ("bar", b, k)
+        join(f"W{w}", h["vc"][k])
+        h["waited"] += 1
+
+    def sum_bar(w):                                                # named barrier SUM: both arrive and wait
+        sum_vc[w] = tick(f"W{w}")
+        while 1 - w not in sum_vc:
+            yield ("bar", "SUM")
+        join(f"W{w}", sum_vc[1 - w])
+
+    s0 = (lambda n: ("kv", stage(n, NC - 1))) if NC == 9 else (lambda n: "sS0")
+
+    def w0():
+        if qk_early and n_pair > 0:
+            yield from wait(0, 0, range(NC))
+        for i in range(n_pair):
+            n = 2 * i
+            if not qk_early:
+                yield from wait(0, n, range(NC))                   # issue_qk
+            access("W0", "sRed0", "w")                             # m0
+            arrive(0, "M0")
+            yield from wait_bar(0, "M1")
+            yield from done(0, n, range(2 * VQ))
+            yield from done(0, n + 1, range(VQ, NC))
+            access("W0", "sRed1", "r")                             # m1
+            access("W0", s0(n), "w")                               # P rescaled to m1 (stmatrix)
+            if NC == 9:
+                yield from done(0, n, [NC - 1])                    # sS0 written into the rope chunk
+            arrive(0, "S0")
+            yield from wait_bar(0, "S1")
+            yield from wait(0, n + 1, range(VQ))                   # wait_chunks before the P V on sS1
+            if qk_early and i < n_pair - 1:
+                if early_form == "split":
+                    yield from wait(0, n + 2, range(VQ))
+                    access("W0", "sS1", "r")                       # the P V on sS1 retired (wait_group(1))
+                    yield from done(0, n + 1, range(VQ))
+                    yield from wait(0, n + 2, range(VQ, NC))
+                else:                                              # the first form: whole S(n + 2), then release
+                    yield from wait(0, n + 2, range(NC))
+                    access("W0", "sS1", "r")
+                    yield from done(0, n + 1, range(VQ))
+            else:
+                access("W0", "sS1", "r")                           # wait_group(0)
+                yield from done(0, n + 1, range(VQ))
+        access("W0", "sRed0", "w")                                 # epilogue: l
+        yield from sum_bar(0)
+        access("W0", "sRed0", "r")
+        access("W0", "sRed1", "r")
+
+    def w1():
+        for i in range(n_pair):
+            n = 2 * i + 1
+            yield from wait(1, n, list(range(VQ, NC)) + list(range(VQ)))
+            yield from done(1, n, range(VQ))
+            if NC == 9:
+                yield from done(1, n, [NC - 1])
+            yield from done(1, n - 1, range(VQ))
+            yield from wait_bar(1, "M0")
+            access("W1", "sRed0", "r")                             # m0
+            access("W1", "sRed1", "w")                             # m1
+            arrive(1, "M1")
+            access("W1", "sS1", "w")                               # P (stmatrix)
+            arrive(1, "S1")
+            yield from wait_bar(1, "S0")
+            yield from wait(1, n - 1, range(VQ, 2 * VQ))           # wait_chunks before the P V on sS0
+            yield from done(1, n, range(VQ, 2 * VQ))               # after wait_group(1): own P V retired
+            access("W1", s0(n - 1), "r")                           # wait_group(0): the P V on sS0 retired
+            yield from done(1, n - 1, range(VQ, NC))
+        access("W1", "sRed1", "w")                                 # epilogue: l
+        yield from sum_bar(1)
+        access("W1", "sRed0", "r")
+        access("W1", "sRed1", "r")
+
+    res = run_agents({"producer": producer(), "W0": w0(), "W1": w1()})
+    if res != "ok":
+        return res
+    for n in range(2 * n_pair):
+        for c in range(NC):
+            assert rel.get((n, c)) == {0, 1}, f"block {n} chunk {c} released by {rel.get((n, c))}"
+    for b, h in hand.items():
+        assert h["done"] == h["waited"] == n_pair, (b, h["done"], h["waited"])
+    return "ok"
+
+
+@pytest.mark.parametrize("D", [512, 576])
+@pytest.mark.parametrize("lag", [1, 3, 8])
+@pytest.mark.parametrize("qk_early", [0, 1])
+def test_protocol_runs_through(D, lag, qk_early):
+    for n_pair in range(5):
+        assert run(D, lag, qk_early, n_pair) == "ok", (D, lag, qk_early, n_pair)
+
+
+@pytest.mark.parametrize("D", [512, 576])
+def test_first_qk_early_form_deadlocks(D):
+    """The model can fail: the QK_EARLY form that waited on all of S(n + 2)'s chunks before releasing slot 1's
+    V-left chunks deadlocks from two pairs on."""
+    assert run(D, 3, 1, 1, "whole") == "ok"
+    assert run(D, 3, 1, 2, "whole").startswith("deadlock")
+
+
+@pytest.mark.parametrize("edge", ["M0", "M1", "S1", "S0"])
+@pytest.mark.parametrize("D", [512, 576])
+def test_each_handoff_edge_is_needed(D, edge):
+    """The access check can fail: with one handoff barrier's ordering edge dropped (its waits still block, but
+    carry nothing), some access of the buffers it guards is no longer ordered."""
+    with pytest.raises(AssertionError, match="not ordered before"):
+        run(D, 3, 0, 3, drop_edge=edge)
