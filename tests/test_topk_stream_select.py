@@ -15,7 +15,6 @@ CAND = 4096
 SHIFT0 = 21
 BINS0 = 1 << (32 - SHIFT0)
 SIGN = np.int32(-2 ** 31)
-TILE = NT * V * U
 
 
 def key_bits(x):
@@ -36,12 +35,12 @@ def float_of_key(u):
     return np.array([b], np.int32).view(np.float32)[0]
 
 
-def tiles(row, width):
+def tiles(row, width, U=U):
     """(t0, cols [NT, U*V], vals [NT, U*V]) per tile, load_keys' mapping: entry v * V + e of thread tid is column
     t0 + (v * NT + tid) * V + e, -inf past width."""
     tid = np.arange(NT)[:, None]
     idx = np.arange(U * V)[None, :]
-    for t0 in range(0, width, TILE):
+    for t0 in range(0, width, NT * V * U):
         cols = t0 + ((idx // V) * NT + tid) * V + idx % V
         vals = np.where(cols < width, row[np.minimum(cols, len(row) - 1)], np.float32(-np.inf)).astype(np.float32)
         yield t0, cols, vals
@@ -57,11 +56,12 @@ def pick(hist, remaining):
     raise AssertionError("remaining exceeds the histogram")
 
 
-def stream_select(row, k, width=None, mut=None):
-    """The kernel's selection as a set of columns; mut names one deliberate defect."""
+def stream_select(row, k, width=None, mut=None, U=U):
+    """The kernel's selection as a set of columns; mut names one deliberate defect; U the kernel's vectors a thread
+    per tile (TopkStreamSm90.U: 2 by default, up to 4 with the 16-bit mask halves)."""
     width = len(row) if width is None else width
     hist = np.zeros(BINS0, np.int64)
-    for _, _, vals in tiles(row, width):
+    for _, _, vals in tiles(row, width, U):
         np.add.at(hist, digit0(vals, plus_zero=mut != "no_plus_zero").ravel(), 1)
     n_ok = int(hist[4:BINS0 - 4].sum())
     hist[:4] = 0
@@ -77,7 +77,7 @@ def stream_select(row, k, width=None, mut=None):
     if mut == "f_hi_next":
         f_hi = float_of_key((d0 + 2) << SHIFT0)
     sel_c, sel_raw, cand_c, fills = [], [], [], 0
-    for t0, cols, vals in tiles(row, width):
+    for t0, cols, vals in tiles(row, width, U):
         with np.errstate(invalid="ignore"):
             above = vals > f_hi if mut == "strict_hi" else vals >= f_hi
             s = above & (vals < np.float32(np.inf))
@@ -165,6 +165,8 @@ def test_selection_equals_reference(kind, w, k):
     rng = np.random.default_rng([w, k, len(kind)])
     row = draw(rng, kind, w)
     got = stream_select(row, k)
+    if got is not None:
+        assert stream_select(row, k, U=4) == got      # the (4, 2) launch shape of bench/topk_breakdown.py --sweep
     if got is None:
         assert kind == "zeros" and w > CAND, "only rows of > CAND equal scores leave the candidate path"
         return
