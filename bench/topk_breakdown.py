@@ -12,7 +12,9 @@ selection in ascending column order through a bitmap, no sort). Every row runs o
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column]
+--stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
+
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column] [--stages]
 """
 import argparse
 import os
@@ -44,6 +46,9 @@ def main(a):
     if a.sweep:
         sweep(cases, R, st)
         return
+    if a.stages:
+        stages(cases, R, st)
+        return
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
@@ -61,6 +66,27 @@ def main(a):
                 t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), 5)
                 tag = (f" {sort}" if order == "score" else " by column") + (" stream" if stream else " cached")
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
+
+
+def stages(cases, R, st):
+    """Where a row's time goes in the streaming kernel: the same launch ended after pass A, after the threshold
+    (pass B and passes 1-3), after the selection's gather, and whole (TopkStreamSm90.STOP; the stopped launches'
+    output is not the top-k). Differences of consecutive rows are the stages' times."""
+    from ops.dsa.topk import fwd, stream_sm90
+    fwd.STREAM = True
+    for order in ("score", "column"):
+        for name, s, k in cases[:1]:
+            prev = 0.0
+            for stop in ("A", "threshold", "selection", None):
+                stream_sm90.TopkStreamSm90.STOP = stop
+                fwd._CACHE.clear()
+                out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+                t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), 5)
+                tag = f"{name} {order} to {stop or 'end'}"
+                print(f"{tag:44s} {t * 1e3:8.3f} ms  (+{(t - prev) * 1e3:6.3f})", flush=True)
+                prev = t
+    stream_sm90.TopkStreamSm90.STOP = None
+    fwd._CACHE.clear()
 
 
 def sweep(cases, R, st):
@@ -91,4 +117,6 @@ if __name__ == "__main__":
     p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
+    p.add_argument("--stages", action="store_true",
+                   help="time the streaming kernel ended after each stage instead (TopkStreamSm90.STOP)")
     main(p.parse_args())

@@ -81,6 +81,9 @@ class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
     U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (4096 at U = 2)
+    # a timing diagnostic: None (the kernel), or "A" / "threshold" / "selection": end after pass A, after the
+    # threshold T is known (pass B and passes 1-3 included), after the selection is gathered (before the ordering)
+    STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of shared memory)
 
     @cute.jit
@@ -148,6 +151,9 @@ class TopkStreamSm90(TopkSm90):
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.STOP == "A"):
+            self.stop_here(gOut, misc, tid)
+            return
         n_valid = misc[0]
 
         # ---- radix select: T (as u) and the number of keys equal to T that are taken
@@ -188,6 +194,9 @@ class TopkStreamSm90(TopkSm90):
             t_u = prefix
             need = remaining
         t_s = t_u ^ Int32(SIGN)
+        if cutlass.const_expr(self.STOP == "threshold"):
+            self.stop_here(gOut, misc, tid)
+            return
 
         # ---- gather the selection (keys > T; ties: all, or the `need` lowest columns)
         ranked = (not take_all) and need < eq
@@ -201,10 +210,21 @@ class TopkStreamSm90(TopkSm90):
                                  by_range=False)
         if ranked:
             self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+        if cutlass.const_expr(self.STOP == "selection"):
+            cute.arch.sync_threads()
+            self.stop_here(gOut, misc, tid)
+            return
         # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
         self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def stop_here(self, gOut, misc, tid):
+        """STOP (a timing diagnostic, bench/topk_breakdown.py --stages): the kernel ends here, its output is NOT the
+        top-k; one counter is written so that nothing before is dead code."""
+        if tid == 0:
+            gOut[0] = misc[0] + misc[4] + misc[6]
+
     @cute.jit
     def row_hist(self, src, width, prefix, shift, hist, tid, lane):
         """Passes 1-3 without candidates (refine): the row's keys matching the prefix, read in tiles. src = (scores
