@@ -70,6 +70,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ...common.cta_scan import warp_inclusive_scan
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load (append_tile's column arithmetic assumes 4)
@@ -316,7 +317,7 @@ class TopkStreamSm90(TopkSm90):
         32 lanes (warp-uniform)."""
         m = self.take_mask(ku, a, b, ties_too, by_range)
         cnt = cute.arch.popc(m & 0xFFFF) | (cute.arch.popc(m >> 16) << 16)
-        incl = self.warp_inclusive_scan(cnt, lane)
+        incl = warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
         base = Int32(0)
         if lane == 0:
