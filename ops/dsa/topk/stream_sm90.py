@@ -46,8 +46,11 @@ columns are read, one after the keys are formed in place); the row itself never 
 
 Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
 (tests/test_topk_stream_select.py, tests/test_topk_float_range.py); SASS per tile of 8 scores a thread (column
-variant): pass A 147 -> 96 instructions, pass B 294 -> ~160 plus ~17 a set bit. NOT YET RUN ON A GPU:
-tests/gpu/check_topk.sh is owed before this kernel may replace main's. The figures below are of the former passes.
+variant): pass A 147 -> 96 instructions, pass B 294 -> ~160 plus ~17 a set bit. On an H100
+(2026-12-05 10:24, perf/device_next_2026-12-05T1005.txt): test_dsa_topk 89 passed, racecheck and memcheck clean; its
+times there (key order 3.64 ms, column order 3.24 at 32K x 32K k 2048) are not comparable with main's H200 figures, so
+it replaces main's kernel only after a same-card A/B (bench/ab_topk.py --prepare main; tests/gpu/check_topk.sh runs
+it). The figures below are of the former passes.
 Status (H200, 2026-12-03; at U 2 x 3 CTAs since 20:05: test_dsa_topk 73 passed, sanitize_dsa_topk clean, 32K x 32K
 k 2048 4.24 ms, k 64 2.37, causal 4.05, W 4K 2.38; the figures below are of the former (4, 2)):
 tests/gpu/test_dsa_topk.py passes for both kernels (indices equal to a stable sort, the
