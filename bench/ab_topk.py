@@ -65,16 +65,10 @@ def run(a):
         sys.exit("no base kernel: run python bench/ab_topk.py --prepare REV here first")
     base = __import__(f"ops.dsa.topk.{base_name('stream_sm90')}", fromlist=["TopkStreamSm90"]).TopkStreamSm90
     kernels = (("base", base), ("current", stream_sm90.TopkStreamSm90))
+    from topk_breakdown import topk_cases
     R = a.rows
-    g = torch.Generator(device="cuda").manual_seed(0)
     st = torch.cuda.current_stream().cuda_stream
-    rand32 = torch.randn(R, 32768, device="cuda", generator=g)
-    causal = rand32.clone()
-    causal.masked_fill_(torch.arange(32768, device="cuda")[None, :] > torch.arange(R, device="cuda")[:, None] *
-                        (32768 // R), float("-inf"))
-    cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
-             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
-             ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
+    cases = topk_cases(R)
     if a.first:
         cases = cases[:1]
     print(f"# top-k streaming kernel A/B, {torch.cuda.get_device_name()}, {R} rows; ms (median of {a.iters})")

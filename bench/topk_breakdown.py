@@ -30,17 +30,22 @@ from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
 
-def main(a):
-    R = a.rows
+def topk_cases(R):
+    """The rows of the top-k benchmarks: [(name, fp32 scores [R, W], k)] (module docstring), seeded."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    st = torch.cuda.current_stream().cuda_stream
     rand32 = torch.randn(R, 32768, device="cuda", generator=g)
     causal = rand32.clone()
     causal.masked_fill_(torch.arange(32768, device="cuda")[None, :] > torch.arange(R, device="cuda")[:, None] *
                         (32768 // R), float("-inf"))
-    cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
-             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
-             ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
+    return [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
+            ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
+            ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
+
+
+def main(a):
+    R = a.rows
+    st = torch.cuda.current_stream().cuda_stream
+    cases = topk_cases(R)
     if a.first:
         cases = cases[:1]
     if a.sweep:
