@@ -12,7 +12,9 @@ selection in ascending column order through a bitmap, no sort). Every row runs o
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column]
+--stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
+
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column] [--stages]
 """
 import argparse
 import os
@@ -28,21 +30,29 @@ from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
 from timing import device_time  # noqa: E402
 
 
-def main(a):
-    R = a.rows
+def topk_cases(R):
+    """The rows of the top-k benchmarks: [(name, fp32 scores [R, W], k)] (module docstring), seeded."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    st = torch.cuda.current_stream().cuda_stream
     rand32 = torch.randn(R, 32768, device="cuda", generator=g)
     causal = rand32.clone()
     causal.masked_fill_(torch.arange(32768, device="cuda")[None, :] > torch.arange(R, device="cuda")[:, None] *
                         (32768 // R), float("-inf"))
-    cases = [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
-             ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
-             ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
+    return [("randn W32K k2048", rand32, 2048), ("randn W32K k64", rand32, 64),
+            ("randn W4K k2048", rand32[:, :4096].contiguous(), 2048), ("causal W32K k2048", causal, 2048),
+            ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
+
+
+def main(a):
+    R = a.rows
+    st = torch.cuda.current_stream().cuda_stream
+    cases = topk_cases(R)
     if a.first:
         cases = cases[:1]
     if a.sweep:
         sweep(cases, R, st)
+        return
+    if a.stages:
+        stages(cases, R, st)
         return
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
@@ -63,13 +73,34 @@ def main(a):
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
+def stages(cases, R, st):
+    """Where a row's time goes in the streaming kernel: the same launch ended after pass A, after the threshold
+    (pass B and passes 1-3), after the selection's gather, and whole (TopkStreamSm90.STOP; the stopped launches'
+    output is not the top-k). Differences of consecutive rows are the stages' times."""
+    from ops.dsa.topk import fwd, stream_sm90
+    fwd.STREAM = True
+    for order in ("score", "column"):
+        for name, s, k in cases[:1]:
+            prev = 0.0
+            for stop in ("A", "threshold", "selection", None):
+                stream_sm90.TopkStreamSm90.STOP = stop
+                fwd._CACHE.clear()
+                out = torch.empty(R, k, dtype=torch.int32, device="cuda")
+                t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), 5)
+                tag = f"{name} {order} to {stop or 'end'}"
+                print(f"{tag:44s} {t * 1e3:8.3f} ms  (+{(t - prev) * 1e3:6.3f})", flush=True)
+                prev = t
+    stream_sm90.TopkStreamSm90.STOP = None
+    fwd._CACHE.clear()
+
+
 def sweep(cases, R, st):
     """The streaming kernel's launch shape: U 16-byte vectors a thread per tile x CTAs an SM (registers capped
     to fit them; ptxas 2026-12-03: (4, 2) 55-63 registers, (2, 3) 38, (1, 4) 32, (8, 1) 121, no spills; (4, 3) and
     (8, 2) spill, so they are not in the list)."""
     from ops.dsa.topk import fwd, stream_sm90
     fwd.STREAM = True
-    for u, mb in ((4, 2), (2, 2), (2, 3), (1, 3), (1, 4), (8, 1)):
+    for u, mb in ((4, 2), (2, 2), (2, 3), (1, 3), (1, 4)):
         stream_sm90.TopkStreamSm90.U, stream_sm90.TopkStreamSm90.MIN_BLOCKS = u, mb
         fwd._CACHE.clear()
         for name, s, k in cases:
@@ -91,4 +122,6 @@ if __name__ == "__main__":
     p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
+    p.add_argument("--stages", action="store_true",
+                   help="time the streaming kernel ended after each stage instead (TopkStreamSm90.STOP)")
     main(p.parse_args())

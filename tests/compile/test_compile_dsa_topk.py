@@ -43,7 +43,7 @@ def test_topk_ptx(tmp_path, stream):
         assert "ld.global.v4" in text and f".minnctapersm {TopkStreamSm90.MIN_BLOCKS}" in text
 
 
-@pytest.mark.parametrize("u,mb", [(4, 2), (1, 4), (8, 1)])
+@pytest.mark.parametrize("u,mb", [(4, 2), (1, 4)])
 def test_compile_stream_launch_shapes(monkeypatch, u, mb):
     """The streaming kernel's other launch shapes (bench/topk_breakdown.py --sweep) compile."""
     from ops.dsa.topk import stream_sm90
@@ -63,3 +63,13 @@ def test_compile_other_sorts(monkeypatch, p, sort):
     monkeypatch.setattr(fwd, "_CACHE", {})
     assert fwd.compile_variant(fwd.variant_key(p, True, True)) is not None
     assert fwd.compile_variant(fwd.variant_key(p, False, False, True)) is not None
+
+
+@pytest.mark.parametrize("stop", ["A", "threshold", "selection"])
+def test_compile_stream_stops(monkeypatch, stop):
+    """The streaming kernel's timing stops (bench/topk_breakdown.py --stages) compile, in both orders."""
+    from ops.dsa.topk import stream_sm90
+    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "STOP", stop)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    assert fwd.compile_variant(fwd.variant_key(2048, False, False, True)) is not None
+    assert fwd.compile_variant(fwd.variant_key(2048, True, True, True, True)) is not None

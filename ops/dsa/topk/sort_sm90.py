@@ -104,7 +104,12 @@ class SelectionSort:
         cute.arch.sync_threads()                    # padding and the flag written
         if cutlass.const_expr(P >= NT and self.SORT == "key"):
             if self.key_rank_sort(sel_u, sel_c, cnt, misc, tid):
-                self.bitonic_regs(sel_u, sel_c, tid)
+                if cutlass.const_expr(self.by_column):
+                    # not reached (ks = ~column are unique: no run); the shared-memory network keeps the column
+                    # variant's registers below the register network's (which spilled 8 bytes there)
+                    self.bitonic(sel_u, sel_c, tid)
+                else:
+                    self.bitonic_regs(sel_u, sel_c, tid)
         elif cutlass.const_expr(P >= NT and self.SORT == "regs"):
             self.bitonic_regs(sel_u, sel_c, tid)
         else:

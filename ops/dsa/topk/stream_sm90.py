@@ -21,20 +21,36 @@ former default (4, 2)'s 4.33 at 32K x 32K k 2048 and 2.38 against 2.69 at W 4K, 
 
 Keys. key_bits gives finite scores key_of's order-preserving keys bit for bit, but keeps the bits of +-inf and NaN
 (key_of maps them to 0): those land in the pass-0 digits 0-3 (-inf, negative NaN; columns past width read as -inf)
-and 0x7FC-0x7FF (+inf, NaN), which no finite score shares, and are dropped there (finite_key): pass A counts only
-finite digits, with plain shared-memory atomics (no match.any) and no per-key count (the selectable count is the
-histogram's sum); pass B never takes a digit above 0x7FB; the whole-row gather takes only keys of a finite digit.
+and 0x7FC-0x7FF (+inf, NaN), which no finite score shares. Pass A adds every score to the histogram, no branch
+(digit0: x + 0.0 makes -0.0 bin with +0.0), and leaves those eight bins out of the selectable count (their sum)
+and empties them before the digit is picked; the whole-row gather takes only keys of a finite digit.
 
-Passes. A: every tile -> keys, the selectable count and the pass-0 histogram (top 11 bits). If more than k are
-selectable, the digit d0 of the k-th largest key is picked; B (when d0's bin holds at most CAND keys, the common
-case): every tile again -> keys above d0 join the selection, keys in d0 become candidates (with their columns).
-Appends are batched a thread's U x 4 keys at a time: one warp scan of the packed (selection, candidate) counts and
-one atomic per warp and buffer. Passes 1-3 (7-bit digits) and the gather then touch the candidates only. When d0
-holds more than CAND keys, passes 1-3 and the gather sweep the row from global memory in tiles instead. Ties at
-the threshold that cannot all be taken are ranked by column over the whole row (TopkSm90.take_ties, global reads).
+Passes. A: every tile -> the pass-0 histogram (top 11 bits of the key) and, from it, the selectable count. If more
+than k are selectable, the digit d0 of the k-th largest key is picked; B (when d0's bin holds at most CAND keys,
+the common case): every tile again -> scores above d0 join the selection, scores in d0 become candidates. B forms
+no key: d0 is the float range [f_lo, f_hi) (float_of_key of its lowest key and of the next digit's), and a score is
+tested by three ordered float compares (no ftz: denormals compare exactly; -0.0 == +0.0 as in key_bits; NaN fails
+every compare), each thread's U x 4 results in one mask (take_mask). Appends are batched a tile at a time: one
+warp scan of the packed (selection, candidate) counts and one atomic a warp on the packed fills (misc[5]); then a
+loop over the mask's set bits writes the columns (a warp runs its busiest lane's count, not a predicated store per
+score), and for the score order the selection's raw bits; the candidates' keys (and the selection's) are formed
+after the pass, the candidates' from one read of their column each (keys_by_column: the row was just read, so
+those hit L2). tests/test_topk_float_range.py checks on the CPU that the float range and digit0 agree for every
+finite d0, -0.0, denormals, +-inf and NaN included. Passes 1-3 (7-bit digits) and the gather then touch the
+candidates only. When d0 holds more than CAND keys, passes 1-3 and the gather sweep the row from global memory in
+tiles instead. Ties at the threshold that cannot all be taken are ranked by column over the whole row
+(TopkSm90.take_ties, global reads).
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
-barrier (sync_threads) that follows all their writers; the row itself never goes through shared memory.
+barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
+columns are read, one after the keys are formed in place); the row itself never goes through shared memory.
 
+Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
+(tests/test_topk_stream_select.py, tests/test_topk_float_range.py); SASS per tile of 8 scores a thread (column
+variant): pass A 147 -> 96 instructions, pass B 294 -> ~160 plus ~17 a set bit. On an H100
+(2026-12-05 10:24, perf/device_next_2026-12-05T1005.txt): test_dsa_topk 89 passed, racecheck and memcheck clean; its
+times there (key order 3.64 ms, column order 3.24 at 32K x 32K k 2048) are not comparable with main's H200 figures, so
+it replaces main's kernel only after a same-card A/B (bench/ab_topk.py --prepare main; tests/gpu/check_topk.sh runs
+it). The figures below are of the former passes.
 Status (H200, 2026-12-03; at U 2 x 3 CTAs since 20:05: test_dsa_topk 73 passed, sanitize_dsa_topk clean, 32K x 32K
 k 2048 4.24 ms, k 64 2.37, causal 4.05, W 4K 2.38; the figures below are of the former (4, 2)):
 tests/gpu/test_dsa_topk.py passes for both kernels (indices equal to a stable sort, the
@@ -60,7 +76,8 @@ from cutlass import Float32, Int32
 from ...common.cta_scan import warp_inclusive_scan
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
-V = 4                        # fp32 columns per 16-byte vector load
+V = 4                        # fp32 columns per 16-byte vector load (append_tile's column arithmetic assumes 4)
+assert BINS0 == 4 * NT       # pass A: threads 0 and NT - 1 own exactly the non-finite bins 0-3 and 0x7FC-0x7FF
 U = 2                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
 
@@ -68,11 +85,15 @@ class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
     U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (4096 at U = 2)
+    # a timing diagnostic: None (the kernel), or "A" / "threshold" / "selection": end after pass A, after the
+    # threshold T is known (pass B and passes 1-3 included), after the selection is gathered (before the ordering)
+    STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of shared memory)
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
         P = self.P
+        assert self.U * V <= 16, "take_mask packs a thread's U x V entries into 16-bit halves"
 
         @cute.struct
         class SharedStorage:
@@ -103,7 +124,8 @@ class TopkStreamSm90(TopkSm90):
         cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
         hist = st.hist.get_tensor(cute.make_layout(BINS0))
         part = st.part.get_tensor(cute.make_layout(NT // 32))
-        # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry, 6 candidate fill
+        # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry (pass B: the packed
+        # selection / candidate fills), 6 candidate fill
         misc = st.misc.get_tensor(cute.make_layout(8))
         ku = cute.make_rmem_tensor((self.U * V,), Int32)       # a tile's keys of this thread
 
@@ -117,18 +139,25 @@ class TopkStreamSm90(TopkSm90):
         cute.arch.sync_threads()                    # hist and misc zeroed
         n_ok = Int32(0)
         for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
-            self.load_keys(gS, t0, width, tid, ku)
-            for e in cutlass.range_constexpr(self.U * V):
-                dg = (ku[e] >> SHIFT0) & (BINS0 - 1)
-                if dg >= 4 and dg < BINS0 - 4:      # finite_key
-                    cute.arch.atomic_add(hist.iterator + dg, Int32(1))
+            self.load_keys(gS, t0, width, tid, ku, raw=True)
+            for e in cutlass.range_constexpr(self.U * V):       # every score, finite or not: no branch
+                cute.arch.atomic_add(hist.iterator + self.digit0(ku[e]), Int32(1))
         cute.arch.sync_threads()                    # every key counted before anyone sums
-        for i in cutlass.range_constexpr(BINS0 // NT):
-            n_ok += hist[tid * (BINS0 // NT) + i]
+        # bins 0-3 and 0x7FC-0x7FF (threads 0 and NT - 1 own them here) hold the non-finite keys: not counted,
+        # emptied for pick_digit (which reads them after the barrier below)
+        if tid == 0 or tid == NT - 1:
+            for i in cutlass.range_constexpr(BINS0 // NT):
+                hist[tid * (BINS0 // NT) + i] = Int32(0)
+        else:
+            for i in cutlass.range_constexpr(BINS0 // NT):
+                n_ok += hist[tid * (BINS0 // NT) + i]
         n_ok = self.warp_sum(n_ok)
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.STOP == "A"):
+            self.stop_here(gOut, misc, tid)
+            return
         n_valid = misc[0]
 
         # ---- radix select: T (as u) and the number of keys equal to T that are taken
@@ -146,17 +175,32 @@ class TopkStreamSm90(TopkSm90):
             eq = misc[3]
             use_cand = eq <= CAND
             if use_cand:
-                # B. keys above digit d0 are selected; keys in it become candidates (with their columns)
+                # B. scores above digit d0 are selected; scores in it become candidates (with their columns). The
+                # test is on the scores themselves, d0 as the float range [f_lo, f_hi): no key is formed per score,
+                # the raw bits are appended and turned into keys afterwards (a few per thread)
+                f_lo = self.float_of_key(d0 << SHIFT0)
+                f_hi = self.float_of_key((d0 + 1) << SHIFT0)
                 for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
-                    self.load_keys(gS, t0, width, tid, ku)
-                    self.append_tile(ku, t0, tid, lane, d0, Int32(0), Int32(0), True, sel_u, sel_c, cand_u, cand_c,
-                                     misc)
-                cute.arch.sync_threads()
+                    self.load_keys(gS, t0, width, tid, ku, raw=True)
+                    self.append_tile(ku, t0, tid, lane, f_lo, f_hi, True, sel_u, sel_c, cand_u, cand_c, misc)
+                cute.arch.sync_threads()                # every append and the packed fills complete
+                fills = misc[5]
+                self.keys_by_column(gS, cand_c, cand_u, fills >> 16, tid)
+                if cutlass.const_expr(not self.by_column):     # the column order never reads sel_u
+                    for i in cutlass.range(tid, fills & 0xFFFF, NT, unroll=1):
+                        sel_u[i] = self.key_bits(Int32(sel_u[i]).bitcast(Float32))
+                if tid == 0:                            # misc[5] is next written by take_ties, after a barrier
+                    misc[4] = fills & 0xFFFF
+                    misc[6] = fills >> 16
+                cute.arch.sync_threads()                # keys in place (each thread wrote its own slots), fills
             prefix, remaining, eq = self.refine(hist, part, misc, cand_u, use_cand, (gS, ku), width, prefix,
                                                 remaining, eq, tid, lane, warp)
             t_u = prefix
             need = remaining
         t_s = t_u ^ Int32(SIGN)
+        if cutlass.const_expr(self.STOP == "threshold"):
+            self.stop_here(gOut, misc, tid)
+            return
 
         # ---- gather the selection (keys > T; ties: all, or the `need` lowest columns)
         ranked = (not take_all) and need < eq
@@ -166,14 +210,25 @@ class TopkStreamSm90(TopkSm90):
         else:
             for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
                 self.load_keys(gS, t0, width, tid, ku)
-                self.append_tile(ku, t0, tid, lane, Int32(0), t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c,
-                                 misc, use_digit=False)
+                self.append_tile(ku, t0, tid, lane, t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c, misc,
+                                 by_range=False)
         if ranked:
             self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+        if cutlass.const_expr(self.STOP == "selection"):
+            cute.arch.sync_threads()
+            self.stop_here(gOut, misc, tid)
+            return
         # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
         self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def stop_here(self, gOut, misc, tid):
+        """STOP (a timing diagnostic, bench/topk_breakdown.py --stages): the kernel ends here, its output is NOT the
+        top-k; one counter is written so that nothing before is dead code."""
+        if tid == 0:
+            gOut[0] = misc[0] + misc[4] + misc[6]
+
     @cute.jit
     def row_hist(self, src, width, prefix, shift, hist, tid, lane):
         """Passes 1-3 without candidates (refine): the row's keys matching the prefix, read in tiles. src = (scores
@@ -187,9 +242,10 @@ class TopkStreamSm90(TopkSm90):
                 self.hist_add(hist, (u >> shift) & 127, match, lane)
 
     @cute.jit
-    def load_keys(self, gRow, t0, width, tid, ku):
+    def load_keys(self, gRow, t0, width, tid, ku, raw: cutlass.Constexpr = False):
         """ku[v * V + e] = the key (key_bits) of column t0 + (v * NT + tid) * V + e (of -inf past width): U 16-byte
-        loads, issued before any key is formed; a vector that crosses width is read element by element."""
+        loads, issued before any key is formed; a vector that crosses width is read element by element. raw: the
+        score's own bits instead of its key."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         vals = cute.make_rmem_tensor((self.U * V,), Float32)
         for v in cutlass.range_constexpr(self.U):
@@ -204,7 +260,10 @@ class TopkStreamSm90(TopkSm90):
                         x = gRow[base + e]
                     vals[v * V + e] = x
         for i in cutlass.range_constexpr(self.U * V):
-            ku[i] = self.key_bits(vals[i])
+            if cutlass.const_expr(raw):
+                ku[i] = vals[i].bitcast(Int32)
+            else:
+                ku[i] = self.key_bits(vals[i])
 
     @cute.jit
     def key_bits(self, x):
@@ -214,60 +273,113 @@ class TopkStreamSm90(TopkSm90):
         return b ^ ((b >> 31) | Int32(SIGN))
 
     @cute.jit
+    def digit0(self, b):
+        """The pass-0 digit of key_bits of the float with bits b: x + 0.0 turns -0.0 into +0.0 (round to nearest,
+        no ftz: denormals kept) in one add instead of key_bits' compare and select."""
+        c = (b.bitcast(Float32) + Float32(0.0)).bitcast(Int32)
+        return ((c ^ ((c >> 31) | Int32(SIGN))) >> SHIFT0) & (BINS0 - 1)
+
+    @cute.jit
+    def keys_by_column(self, gRow, cols, keys, n, tid):
+        """keys[i] = key_bits(gRow[cols[i]]) for i < n, i = tid mod NT: KB reads in flight a thread (the row was
+        just read, so they mostly hit L2)."""
+        KB = 4
+        for c0 in cutlass.range(0, n, NT * KB, unroll=1):
+            x = cute.make_rmem_tensor((KB,), Float32)
+            for j in cutlass.range_constexpr(KB):
+                i = c0 + j * NT + tid
+                x[j] = Float32(0.0)
+                if i < n:
+                    x[j] = gRow[cols[i]]
+            for j in cutlass.range_constexpr(KB):
+                i = c0 + j * NT + tid
+                if i < n:
+                    keys[i] = self.key_bits(x[j])
+
+    @cute.jit
+    def float_of_key(self, u):
+        """The float whose key_bits is u (u not 0x7FFFFFFF, the pattern of -0.0, which key_bits maps to +0.0's)."""
+        b = Int32(cutlass.select_(u < 0, u ^ Int32(SIGN), ~u))
+        return b.bitcast(Float32)
+
+    @cute.jit
     def finite_key(self, u):
         """u (key_bits) is a finite score: its pass-0 digit is none of 0-3 and 0x7FC-0x7FF."""
         dg = (u >> SHIFT0) & (BINS0 - 1)
         return dg >= 4 and dg < BINS0 - 4
 
     @cute.jit
-    def append_tile(self, ku, t0, tid, lane, d0, t_s, t_u, ties_too, sel_u, sel_c, cand_u, cand_c, misc,
-                    use_digit: cutlass.Constexpr = True):
-        """Append this tile's keys to the selection and the candidates, batched: a thread counts its takes, one warp
-        scan of the packed counts (selection low 16 bits, candidates high: at most 32 x U x V = 512 a warp) and one
-        atomic per warp and buffer give each thread its slots. use_digit: selection = digit above d0, candidates =
-        digit d0; else selection = key above T (or equal to it when ties_too), no candidates. Called by all 32
-        lanes (warp-uniform)."""
-        cnt = Int32(0)
-        for e in cutlass.range_constexpr(self.U * V):
-            cnt += self.tile_take(ku[e], d0, t_s, t_u, ties_too, use_digit)
+    def append_tile(self, ku, t0, tid, lane, a, b, ties_too, sel_u, sel_c, cand_u, cand_c, misc,
+                    by_range: cutlass.Constexpr = True):
+        """Append this tile's entries to the selection and the candidates, batched: a thread classifies its U x V
+        entries once into a mask (take_mask), one warp scan of the packed counts (selection low 16 bits,
+        candidates high: at most 32 x U x V = 256 a warp) and one atomic per warp and buffer give each thread its
+        slots. by_range: ku holds raw score bits, (a, b) = (f_lo, f_hi), the float range of digit d0: selection =
+        scores in [f_hi, +inf), candidates = [f_lo, f_hi) (the entries appended are raw bits); else ku holds keys,
+        (a, b) = (t_s, t_u): selection = key above T (or equal to it when ties_too), no candidates. Called by all
+        32 lanes (warp-uniform)."""
+        m = self.take_mask(ku, a, b, ties_too, by_range)
+        cnt = cute.arch.popc(m & 0xFFFF) | (cute.arch.popc(m >> 16) << 16)
         incl = warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
-        base_s = Int32(0)
-        base_c = Int32(0)
+        base = Int32(0)
         if lane == 0:
-            if (total & 0xFFFF) != 0:
-                base_s = cute.arch.atomic_add(misc.iterator + 4, total & 0xFFFF)
-            if cutlass.const_expr(use_digit):
-                if (total >> 16) != 0:
-                    base_c = cute.arch.atomic_add(misc.iterator + 6, total >> 16)
+            # by_range: one atomic on the packed fills misc[5] (selection low 16 bits: < P; candidates high: at
+            # most CAND), unpacked into misc[4] / misc[6] after the pass; else the selection fill misc[4]
+            base = cute.arch.atomic_add(misc.iterator + (5 if cutlass.const_expr(by_range) else 4), total)
+        base = cute.arch.shuffle_sync(base, 0)
         excl = incl - cnt
-        ps = cute.arch.shuffle_sync(base_s, 0) + (excl & 0xFFFF)
-        pc = cute.arch.shuffle_sync(base_c, 0) + (excl >> 16)
-        for e in cutlass.range_constexpr(self.U * V):
-            u = ku[e]
-            col = t0 + ((e // V) * NT + tid) * V + e % V
-            t = self.tile_take(u, d0, t_s, t_u, ties_too, use_digit)
-            if t == 1:
-                sel_u[ps] = u
-                sel_c[ps] = col
-                ps += 1
-            if t == 0x10000:
-                cand_u[pc] = u
-                cand_c[pc] = col
-                pc += 1
+        ps = (base & 0xFFFF) + (excl & 0xFFFF)
+        pc = (base >> 16) + (excl >> 16)
+        if cutlass.const_expr(by_range):
+            # only the columns, one iteration a set bit (a warp runs its busiest lane's count, ~3 of 8 entries
+            # on random rows), not a predicated store per entry; the values are read back by column later
+            # (keys_by_column)
+            cbase = t0 + tid * V
+            mm = m
+            while mm != 0:
+                e = cute.arch.clz(cute.arch.brev(mm))          # lowest set bit
+                mm = mm & (mm - 1)
+                ee = e & 15
+                col = cbase + (ee >> 2) * (NT * V) + (ee & 3)
+                if e >= 16:
+                    cand_c[pc] = col
+                    pc += 1
+                else:
+                    sel_c[ps] = col
+                    if cutlass.const_expr(not self.by_column):     # the column order never reads sel_u
+                        v = ku[0]
+                        for j in cutlass.range_constexpr(1, self.U * V):
+                            v = Int32(cutlass.select_(ee == j, ku[j], v))
+                        sel_u[ps] = v
+                    ps += 1
+        else:
+            for e in cutlass.range_constexpr(self.U * V):
+                col = t0 + ((e // V) * NT + tid) * V + e % V
+                if (m & (1 << e)) != 0:
+                    sel_u[ps] = ku[e]
+                    sel_c[ps] = col
+                    ps += 1
 
     @cute.jit
-    def tile_take(self, u, d0, t_s, t_u, ties_too, use_digit: cutlass.Constexpr):
-        """1: the key joins the selection, 0x10000: a candidate, 0: neither (a non-finite key is never taken)."""
-        r = Int32(0)
-        if cutlass.const_expr(use_digit):
-            dg = (u >> SHIFT0) & (BINS0 - 1)
-            # d0 is a finite digit: of the digits above it only 0x7FC-0x7FF are not
-            r = Int32(cutlass.select_(dg > d0 and dg < BINS0 - 4, Int32(1),
-                                      cutlass.select_(dg == d0, Int32(0x10000), Int32(0))))
-        else:
-            ok = self.finite_key(u)
-            take = ok and (u ^ Int32(SIGN)) > t_s
-            take = take or (ties_too and ok and u == t_u)
-            r = Int32(cutlass.select_(take, Int32(1), Int32(0)))
-        return r
+    def take_mask(self, ku, a, b, ties_too, by_range: cutlass.Constexpr):
+        """Bit e: entry e joins the selection; bit 16 + e: it is a candidate (a non-finite score is never taken).
+        by_range: ku raw bits, [a, b) = [f_lo, f_hi) (ordered compares: NaN fails them all, -0.0 == +0.0 as in
+        key_bits, denormals compared exactly: no ftz); else ku keys, a = t_s, b = t_u."""
+        m = Int32(0)
+        for e in cutlass.range_constexpr(self.U * V):
+            u = ku[e]
+            if cutlass.const_expr(by_range):
+                x = u.bitcast(Float32)
+                above = x >= b
+                if above and x < Float32(float("inf")):
+                    m = m | Int32(1 << e)
+                if x >= a and not above:
+                    m = m | Int32(((1 << (16 + e)) + 2**31) % 2**32 - 2**31)     # bit 31 as a negative int32
+            else:
+                ok = self.finite_key(u)
+                take = ok and (u ^ Int32(SIGN)) > a
+                take = take or (ties_too and ok and u == b)
+                if take:
+                    m = m | Int32(1 << e)
+        return m

@@ -1,0 +1,108 @@
+"""Same-run A/B of the streaming top-k kernel (ops/dsa/topk/stream_sm90.py): a base revision's kernel against the
+working tree's, on the same scores in the same process, so that a change is judged on one card (a figure from
+another day's card is not a baseline: the H100 and H200 differ in memory bandwidth).
+
+The base is the revision's stream_sm90.py with the two modules it builds on (topk_sm90.py, sort_sm90.py), written next
+to the current ones as untracked _ab_base_*.py files with their imports of each other pointed at the copies; every
+other module (ops/common) is the working tree's. Both kernels run through ops.dsa.topk.fwd.topk_fwd (the seam's
+checks, padding and launch), the base by swapping stream_sm90.TopkStreamSm90 for the run. Rows: the cases of
+bench/topk_breakdown.py (32K rows: randn W 32K k 2048 / k 64, W 4K k 2048, causal, rounded), in score and column
+order. Each row checks that both kernels select the same set of columns (score order may order ties differently),
+then prints both times and the ratio.
+
+Run (the base files must travel with the working tree):
+  python bench/ab_topk.py --prepare REV        here: ops/dsa/topk/_ab_base_{stream,topk,sort}_sm90.py from REV
+  python bench/ab_topk.py [--rows N] [--iters N] [--first]      on the device
+  python bench/ab_topk.py --clean              here: remove the base files
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+PKG = os.path.join(ROOT, "ops", "dsa", "topk")
+FILES = ("stream_sm90", "topk_sm90", "sort_sm90")
+
+
+def base_name(mod):
+    return f"_ab_base_{mod.replace('_sm90', '')}_sm90"
+
+
+def prepare(rev):
+    for mod in FILES:
+        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ops/dsa/topk/{mod}.py"], check=True,
+                             capture_output=True, text=True).stdout
+        for other in FILES:                       # the copies import each other, not the working tree's modules
+            src = src.replace(f"from .{other} import", f"from .{base_name(other)} import")
+        with open(os.path.join(PKG, base_name(mod) + ".py"), "w") as fh:
+            fh.write(f"# ab_topk.py --prepare {rev}: the base kernel (untracked; --clean removes it)\n" + src)
+        print(f"wrote ops/dsa/topk/{base_name(mod)}.py from {rev}")
+
+
+def clean():
+    for mod in FILES:
+        p = os.path.join(PKG, base_name(mod) + ".py")
+        if os.path.exists(p):
+            os.remove(p)
+            print(f"removed {os.path.relpath(p, ROOT)}")
+
+
+def same_selection(a, b):
+    """Both outputs hold the same columns a row (order aside; -1 padding included)."""
+    return bool((a.sort(dim=1).values == b.sort(dim=1).values).all())
+
+
+def run(a):
+    import torch
+    from ops.dsa.topk import fwd, stream_sm90
+    from ops.dsa.topk.fwd import topk_fwd
+    from timing import device_time
+    if not os.path.exists(os.path.join(PKG, base_name("stream_sm90") + ".py")):
+        sys.exit("no base kernel: run python bench/ab_topk.py --prepare REV here first")
+    base = __import__(f"ops.dsa.topk.{base_name('stream_sm90')}", fromlist=["TopkStreamSm90"]).TopkStreamSm90
+    kernels = (("base", base), ("current", stream_sm90.TopkStreamSm90))
+    from topk_breakdown import topk_cases
+    R = a.rows
+    st = torch.cuda.current_stream().cuda_stream
+    cases = topk_cases(R)
+    if a.first:
+        cases = cases[:1]
+    print(f"# top-k streaming kernel A/B, {torch.cuda.get_device_name()}, {R} rows; ms (median of {a.iters})")
+    print(f"{'row':34s} {'base':>8s} {'current':>8s} {'cur/base':>8s}  same selection")
+    fwd.STREAM = True
+    try:
+        for order in ("score", "column"):
+            for name, s, k in cases:
+                res = {}
+                for tag, cls in kernels:
+                    stream_sm90.TopkStreamSm90 = cls
+                    fwd._CACHE.clear()
+                    out = torch.full((R, k), -7, dtype=torch.int32, device="cuda")   # -7: never a kernel value
+                    t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), a.iters)
+                    res[tag] = (t, out.clone())
+                (tb, ob), (tc, oc) = res["base"], res["current"]
+                ok = same_selection(ob, oc) and not bool((oc == -7).any())
+                print(f"{name + ' ' + order:34s} {tb * 1e3:8.3f} {tc * 1e3:8.3f} {tc / tb:8.3f}  {ok}", flush=True)
+    finally:
+        stream_sm90.TopkStreamSm90 = kernels[1][1]
+        fwd._CACHE.clear()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prepare", metavar="REV")
+    p.add_argument("--clean", action="store_true")
+    p.add_argument("--rows", type=int, default=32768)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
+    a = p.parse_args()
+    if a.prepare:
+        prepare(a.prepare)
+    elif a.clean:
+        clean()
+    else:
+        run(a)
