@@ -4,10 +4,10 @@ period drained, the chunk pipeline's full / empty barriers (an empty barrier com
 arrived), the consumers' handoff mbarriers M0 / M1 / S1 / S0 (one consumer completes a phase, the other waits on
 it by parity: an arrival may never complete a phase its waiter has not yet waited on, or the parity wait would hang
 or pass early), SUM (both wait), and each consumer's waits and releases in the kernel's order. The agents run
-round-robin as generators; a round in which none of them moves is a deadlock. Every (Dqk, LAG, QK_EARLY, pair
-count) must run to the end, each consumer releasing each chunk of each block exactly once, after its own wait on
-it; the first QK_EARLY form (the next pair's whole S issued before W0's last release of the pair, found by review
-on 2026-12-05) must deadlock. The shared-memory handoff buffers (sRed[0] m0 / l, sRed[1] m1 / l, sS1, sS0: its own
+round-robin as generators; a round in which none of them moves is a deadlock. Every (Dqk, LAG, pair count) must
+run to the end, each consumer releasing each chunk of each block exactly once, after its own wait on it; W1
+arriving on M1 only after its S0 wait (a cross wait with W0's M1 wait before its S0 arrival) must deadlock. The
+shared-memory handoff buffers (sRed[0] m0 / l, sRed[1] m1 / l, sS1, sS0: its own
 buffer at Dqk 512, slot 0's chunk 8 at 576) are checked with vector clocks that only the barriers' edges carry (an
 arrival releases, a completed wait acquires): every access must happen after each conflicting access of the other
 agents, in any interleaving, so a missing edge fails even where this schedule happens to be safe. The kernel's order
@@ -21,7 +21,7 @@ pytest.importorskip("cutlass")
 from ops.dsa.sparse_attn.fwd_sm90 import VQ, SparseAttnFwdSm90  # noqa: E402
 
 
-def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
+def run(D, lag, n_pair, m1_late=False, drop_edge=None):
     kern = SparseAttnFwdSm90(D, 512, 64, False, False, False)
     NC = kern.NC
     order = list(kern.gather_order())
@@ -118,12 +118,9 @@ def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
     s0 = (lambda n: ("kv", stage(n, NC - 1))) if NC == 9 else (lambda n: "sS0")
 
     def w0():
-        if qk_early and n_pair > 0:
-            yield from wait(0, 0, range(NC))
         for i in range(n_pair):
             n = 2 * i
-            if not qk_early:
-                yield from wait(0, n, range(NC))                   # issue_qk
+            yield from wait(0, n, range(NC))                       # issue_qk
             access("W0", "sRed0", "w")                             # m0
             arrive(0, "M0")
             yield from wait_bar(0, "M1")
@@ -136,19 +133,8 @@ def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
             arrive(0, "S0")
             yield from wait_bar(0, "S1")
             yield from wait(0, n + 1, range(VQ))                   # wait_chunks before the P V on sS1
-            if qk_early and i < n_pair - 1:
-                if early_form == "split":
-                    yield from wait(0, n + 2, range(VQ))
-                    access("W0", "sS1", "r")                       # the P V on sS1 retired (wait_group(1))
-                    yield from done(0, n + 1, range(VQ))
-                    yield from wait(0, n + 2, range(VQ, NC))
-                else:                                              # the first form: whole S(n + 2), then release
-                    yield from wait(0, n + 2, range(NC))
-                    access("W0", "sS1", "r")
-                    yield from done(0, n + 1, range(VQ))
-            else:
-                access("W0", "sS1", "r")                           # wait_group(0)
-                yield from done(0, n + 1, range(VQ))
+            access("W0", "sS1", "r")                               # wait_group(0)
+            yield from done(0, n + 1, range(VQ))
         access("W0", "sRed0", "w")                                 # epilogue: l
         yield from sum_bar(0)
         access("W0", "sRed0", "r")
@@ -165,10 +151,13 @@ def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
             yield from wait_bar(1, "M0")
             access("W1", "sRed0", "r")                             # m0
             access("W1", "sRed1", "w")                             # m1
-            arrive(1, "M1")
+            if not m1_late:
+                arrive(1, "M1")
             access("W1", "sS1", "w")                               # P (stmatrix)
             arrive(1, "S1")
             yield from wait_bar(1, "S0")
+            if m1_late:
+                arrive(1, "M1")
             yield from wait(1, n - 1, range(VQ, 2 * VQ))           # wait_chunks before the P V on sS0
             yield from done(1, n, range(VQ, 2 * VQ))               # after wait_group(1): own P V retired
             access("W1", s0(n - 1), "r")                           # wait_group(0): the P V on sS0 retired
@@ -191,18 +180,16 @@ def run(D, lag, qk_early, n_pair, early_form="split", drop_edge=None):
 
 @pytest.mark.parametrize("D", [512, 576])
 @pytest.mark.parametrize("lag", [1, 3, 8])
-@pytest.mark.parametrize("qk_early", [0, 1])
-def test_protocol_runs_through(D, lag, qk_early):
+def test_protocol_runs_through(D, lag):
     for n_pair in range(5):
-        assert run(D, lag, qk_early, n_pair) == "ok", (D, lag, qk_early, n_pair)
+        assert run(D, lag, n_pair) == "ok", (D, lag, n_pair)
 
 
 @pytest.mark.parametrize("D", [512, 576])
-def test_first_qk_early_form_deadlocks(D):
-    """The model can fail: the QK_EARLY form that waited on all of S(n + 2)'s chunks before releasing slot 1's
-    V-left chunks deadlocks from two pairs on."""
-    assert run(D, 3, 1, 1, "whole") == "ok"
-    assert run(D, 3, 1, 2, "whole").startswith("deadlock")
+def test_cross_wait_deadlocks(D):
+    """The model can fail: W1 arriving on M1 only after waiting on S0, which W0 arrives on only after its M1 wait."""
+    assert run(D, 3, 0, m1_late=True) == "ok"
+    assert run(D, 3, 1, m1_late=True).startswith("deadlock")
 
 
 @pytest.mark.parametrize("edge", ["M0", "M1", "S1", "S0"])
@@ -211,4 +198,4 @@ def test_each_handoff_edge_is_needed(D, edge):
     """The access check can fail: with one handoff barrier's ordering edge dropped (its waits still block, but
     carry nothing), some access of the buffers it guards is no longer ordered."""
     with pytest.raises(AssertionError, match="not ordered before"):
-        run(D, 3, 0, 3, drop_edge=edge)
+        run(D, 3, 3, drop_edge=edge)

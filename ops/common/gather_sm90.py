@@ -39,12 +39,11 @@ def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Cons
 
 
 @cute.jit
-def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, operands, kpc: cutlass.Constexpr,
-                cont: cutlass.Constexpr = False):
+def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, operands, kpc: cutlass.Constexpr):
     """The consumer side of a chunk pipeline: acc (+)= the chunks' products, one committed wgmma group. For each
     chunk c of `chunks` (in that order): wait the full barrier of state_of(c), fence, then its kpc k-blocks,
     operands(c, kb, stage) -> (A, B) fragments of chunk c's k-block kb in ring stage `stage`. The first k-block
-    overwrites acc (mma) unless cont (the chunks continue a sum issued before); the rest accumulate."""
+    overwrites acc (mma); the rest accumulate."""
     for j in cutlass.range_constexpr(len(chunks)):
         c = chunks[j]
         st = state_of(c)
@@ -52,7 +51,7 @@ def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, op
         warpgroup.fence()
         for kb in cutlass.range_constexpr(kpc):
             a, b = operands(c, kb, st.index)
-            cute.gemm(mma if j == 0 and kb == 0 and not cont else mma_acc, acc, a, b, acc)
+            cute.gemm(mma if j == 0 and kb == 0 else mma_acc, acc, a, b, acc)
     warpgroup.commit_group()
 
 

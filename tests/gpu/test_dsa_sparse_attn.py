@@ -273,15 +273,13 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knob,value", [("LAG", 1), ("LAG", 8), ("QK_EARLY", "flip")])
+@pytest.mark.parametrize("knob,value", [("LAG", 1), ("LAG", 8)])
 def test_schedules(monkeypatch, knob, value):
-    """Schedule knobs give bitwise the default's results: producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in
-    flight before the oldest is published) and QK_EARLY (W0's next S issued behind its last P V): dense with
-    topk_length and invalid blocks (odd and even block counts)."""
+    """Producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in flight before the oldest is published) give bitwise
+    the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
     default = getattr(cls, knob)
-    value = 1 - default if value == "flip" else value
     H, D, Sq, Skv, K = 128, 576, 30, 900, 320
     q, kv = inputs((2, Sq), Skv, H, D, 77)
     idx = indices((2, Sq), K, Skv)

@@ -59,7 +59,7 @@ block before: a chunk a consumer never reads it waits on, already complete, and 
 waits itself on the other slot's chunks before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
 wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1
 comes before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points
-together; QK_EARLY issues the next S's V-left chunks, releases, then the rest); the model in
+together); the model in
 tests/test_sparse_attn_pingpong_protocol.py runs the whole protocol for every LAG, Dqk and pair count. sRows[n % 2]:
 written by 16 producer threads after chunk 0 of block n was acquired, read by the block's owner after its Q K^T
 waits, before it frees chunk 0. sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256
@@ -73,13 +73,12 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status: this ping-pong schedule (branch wip/sparse-attn-pingpong) ran with named-barrier handoffs on an H100
-(2026-12-05 10:06) and on the H200 (12:26): tests/gpu/test_dsa_sparse_attn.py 36 passed, memcheck clean, racecheck
-4 (H100) and 12 (H200) hazards, all on sRed across those named barriers (docs/performance.md); same H200 run against
-main's lockstep kernel (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.96 vs 3.12 ms (395 vs
-375 TFLOP/s), H 128 5.86 vs 6.14 ms (399 vs 380), outputs within 2e-3 of each other, QK_EARLY = 1 no faster. The
-handoffs are now mbarriers: compiled on the CPU, NOT yet run on a GPU; the kernel replaces main's only once
-tests/gpu/check_sparse_attn.sh passes with racecheck clean (issue 11 target 550 TFLOP/s).
+Status: verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt): tests/gpu/test_dsa_sparse_attn.py
+36 passed, compute-sanitizer racecheck 0 hazards and memcheck 0 errors (named-barrier handoffs had given 4 / 12 racecheck
+hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lockstep kernel it replaced
+(bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.88 vs 3.18 ms (406 vs 367 TFLOP/s), H 128 5.76 vs
+6.24 ms (406 vs 375); outputs within 2e-3 of each other. Issuing W0's next S behind its last P V (QK_EARLY, removed)
+was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP/s.
 """
 import math
 
@@ -117,7 +116,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
     #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
     GATHER_PERIOD = 2
-    QK_EARLY = 0   # 1: W0 issues the next pair's S (V-left chunks first) right behind its P V on sS1; A/B on the device
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -343,33 +341,19 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         st = (row_max, row_sum, corr, m_use, acc_s, rP, acc_o)
         frags = frags6 + (r2s, thr_r2s, x_bar)
         cute.arch.mbarrier_wait(q_bar, 0)
-        if cutlass.const_expr(self.QK_EARLY):
-            # S of the pair's block a issued at the end of the pair before (right behind the P V on sS1): the loop
-            # is peeled so that no wgmma inside it sits behind a condition (ptxas serializes such wgmmas; the peeled
-            # form as a whole is behind n_pair > 0, which test_wgmma_serialization checks)
-            if n_pair > 0:
-                self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, Int32(0), tuple(range(NC)))
-                for i in cutlass.range(n_pair - 1, unroll=1):
-                    self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * i, st, frags, False, True)
-                self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * n_pair - 2, st, frags, False,
-                                False)
-        else:
-            for i in cutlass.range(n_pair, unroll=1):
-                self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * i, st, frags, True, False)
+        for i in cutlass.range(n_pair, unroll=1):
+            self.first_pair(pipe, sS, sRed, sRows, mmas, scale_log2, ctid, 2 * i, st, frags)
         return acc_o, row_max, row_sum, s_id
 
     @cute.jit
-    def first_pair(self, pipe, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32, n: Int32, st, frags,
-                   qk_now: cutlass.Constexpr, qk_next: cutlass.Constexpr):
-        """W0's part of the pair (n, n + 1): qk_now issues S(n) first (else it was issued by the pair before);
-        qk_next issues S(n + 2) behind the P V on sS1 and waits only for that P V."""
+    def first_pair(self, pipe, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32, n: Int32, st, frags):
+        """W0's part of the pair (n, n + 1)."""
         qk_mma, qk_mma_acc, pv_rs, pv_ss = mmas
         NC = self.NC
         row_max, row_sum, corr, m_use, acc_s, rP, acc_o = st
         tSrQ, tSrK, s_id, tOrV_own, tOrV_other, tOrS_other, r2s, thr_r2s, x_bar = frags
         ph = (n // 2) % 2                                          # pair n // 2's phase of each handoff barrier
-        if cutlass.const_expr(qk_now):
-            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, tuple(range(NC)))
+        self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n, tuple(range(NC)))
         warpgroup.wait_group(0)
         s_mn = acc_mn_view(acc_s)
         self.mask_scale(s_mn, s_id, sRows, 0, scale_log2, corr)          # corr: the block's row max
@@ -408,17 +392,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         rescale_rows(acc_mn_view(acc_o), corr)
         warpgroup.fence()
         self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
-        if cutlass.const_expr(qk_next):
-            # S(n + 2) over its V-left chunks only: they are published before any chunk whose acquire needs the release
-            # below (b + 2's chunk 0 comes after a + 2's chunk 8 in the fill order, and a chunk is published only LAG
-            # acquires later), so waiting on a + 2's other chunks before that release would deadlock
-            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(VQ)))
-            warpgroup.wait_group(1)                                    # the P V on sS1 retired (S(n + 2) may not)
-            self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
-            self.issue_qk(pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n + 2, tuple(range(VQ, NC)), True)
-        else:
-            warpgroup.wait_group(0)
-            self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+        warpgroup.wait_group(0)
+        self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
 
     @cute.jit
     def consume_second(self, pipe, bars, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
@@ -472,13 +447,12 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
-    def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr,
-                 cont: cutlass.Constexpr = False):
+    def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr):
         """S(n) = Q K_n^T over the chunks in the given order: wait each chunk's full barrier, then its 4 k-blocks;
-        one committed group. cont: the chunks continue a sum already issued (no overwrite on the first k-block)."""
+        one committed group."""
         kpc = DC // 16
         gemm_chunks(pipe, lambda c: self.state(n, c, False), chunks, qk_mma, qk_mma_acc, acc_s,
-                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, stage]), kpc, cont)
+                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, stage]), kpc)
 
     @cute.jit
     def issue_pv(self, pv_mma: cute.TiledMma, acc_o, tOrP, tOrV):
@@ -489,8 +463,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     @cute.jit
     def wait_chunks(self, pipe, n: Int32, chunks: cutlass.Constexpr):
-        """Wait on block n's full barriers of these chunks, before reading chunks the other consumer waited on (its
-        named barrier already orders them: this makes each read's own wait local)."""
+        """Wait on block n's full barriers of these chunks, before reading chunks the other consumer waited on (the
+        handoff mbarrier already orders them: this makes each read's own wait local)."""
         for j in cutlass.range_constexpr(len(chunks)):
             pipe.consumer_wait(self.state(n, chunks[j], False))
 

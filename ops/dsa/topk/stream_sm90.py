@@ -47,10 +47,11 @@ columns are read, one after the keys are formed in place); the row itself never 
 Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
 (tests/test_topk_stream_select.py, tests/test_topk_float_range.py); SASS per tile of 8 scores a thread (column
 variant): pass A 147 -> 96 instructions, pass B 294 -> ~160 plus ~17 a set bit. On an H100
-(2026-12-05 10:24, perf/device_next_2026-12-05T1005.txt): test_dsa_topk 89 passed, racecheck and memcheck clean; its
-times there (key order 3.64 ms, column order 3.24 at 32K x 32K k 2048) are not comparable with main's H200 figures, so
-it replaces main's kernel only after a same-card A/B (bench/ab_topk.py --prepare main; tests/gpu/check_topk.sh runs
-it). The figures below are of the former passes.
+(2026-12-05 10:24, perf/device_next_2026-12-05T1005.txt) and again at 15:10 (perf/device_2026-12-05T1456.txt):
+test_dsa_topk 89 passed, racecheck and memcheck clean. Same-run A/B against the former passes on that H100
+(bench/ab_topk.py, 32K rows, score order): W 32K k 2048 3.64 vs 3.77 ms, k 64 2.72 vs 2.77, causal 3.55 vs 3.60,
+rounded scores 5.62 vs 5.88, W 4K 2.16 vs 2.08 (geomean 0.985x); column order 0.91-1.05x. The figures below are of
+the former passes.
 Status (H200, 2026-12-03; at U 2 x 3 CTAs since 20:05: test_dsa_topk 73 passed, sanitize_dsa_topk clean, 32K x 32K
 k 2048 4.24 ms, k 64 2.37, causal 4.05, W 4K 2.38; the figures below are of the former (4, 2)):
 tests/gpu/test_dsa_topk.py passes for both kernels (indices equal to a stable sort, the
