@@ -27,6 +27,13 @@ def find_sequence(mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
     return lo
 
 
+def gather_atom(dt, bypass_l1: bool):
+    """The 16-byte cp.async atom of the gathering producers: cp.async.ca (allocates in L1) by default, cp.async.cg
+    (L2 only: LDGSTS.BYPASS) with bypass_l1 (the GATHER_CG knob, on trial). Same bytes land either way."""
+    mode = cpasync.LoadCacheMode.GLOBAL if bypass_l1 else cpasync.LoadCacheMode.ALWAYS
+    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), dt, num_bits_per_copy=128)
+
+
 @cute.jit
 def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Constexpr):
     """Ring buffer `index`'s cp.async group retired (this thread's: at most `pending` newer groups still in flight),
@@ -82,6 +89,7 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
+    GATHER_CG = 0        # 1: cp.async.cg (bypass L1) instead of .ca; on trial (bench/ab_sparse_attn.py --knobs)
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, chunk) pairs, each
@@ -95,7 +103,7 @@ class BlockGather:
         per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
         order = self.gather_order()
         assert sorted(order) == [(b, c) for b in range(PER) for c in range(self.NC)] and lag <= len(order)
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+        atom = gather_atom(self.dt, self.GATHER_CG)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]

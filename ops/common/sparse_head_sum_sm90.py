@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .gather_sm90 import find_sequence, publish
+from .gather_sm90 import find_sequence, gather_atom, publish
 from .head_sum_sm90 import block_accumulators, consumer_operands, mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
@@ -70,6 +70,7 @@ class SparseHeadSumSm90:
     PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
     MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
     HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
+    GATHER_CG = 0        # 1: the key rows by cp.async.cg (bypass L1) instead of .ca; on trial
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
@@ -239,7 +240,7 @@ class SparseHeadSumSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
                 for tQs, tQg in q_tiles:
                     cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
-            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+            atom = gather_atom(self.dt, self.GATHER_CG)
             if cutlass.const_expr(self.varlen):
                 gKv = mKv[None, None, 0]
             else:

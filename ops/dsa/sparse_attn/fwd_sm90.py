@@ -116,6 +116,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
     #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
     GATHER_PERIOD = 2
+    ELECT_RELEASE = 0  # 1: one lane a warp arrives on a chunk's empty barrier, for all 32 (done()); on trial
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -472,11 +473,22 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     def done(self, pipe, n: Int32, chunks: cutlass.Constexpr):
         """This thread's last read of block n's chunks is behind it: for each, wait its full barrier of block n
         (already complete when read before; a chunk never read is published by then too, the fill order being
-        ahead), then arrive on its empty barrier."""
-        for j in cutlass.range_constexpr(len(chunks)):
-            st = self.state(n, chunks[j], False)
-            pipe.consumer_wait(st)
-            pipe.consumer_release(st)
+        ahead), then arrive on its empty barrier. ELECT_RELEASE: the warp's lanes meet first (syncwarp: every lane's
+        reads, generic and retired wgmma alike, come before it), then lane 0 alone waits and arrives with a count
+        of 32 (the barrier still expects 256 arrivals: 8 warps x 32)."""
+        if cutlass.const_expr(self.ELECT_RELEASE):
+            cute.arch.sync_warp()
+            lead = cute.arch.lane_idx() == 0
+            for j in cutlass.range_constexpr(len(chunks)):
+                st = self.state(n, chunks[j], False)
+                pipe.consumer_wait(st)
+                if lead:
+                    cute.arch.mbarrier_arrive(pipe.consumer_get_barrier(st), arrive_count=32)
+        else:
+            for j in cutlass.range_constexpr(len(chunks)):
+                st = self.state(n, chunks[j], False)
+                pipe.consumer_wait(st)
+                pipe.consumer_release(st)
 
     @cute.jit
     def mask_scale(self, s_mn, s_id, sRows, slot: cutlass.Constexpr, scale_log2: Float32, blk_max):
