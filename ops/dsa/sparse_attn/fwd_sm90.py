@@ -332,11 +332,9 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
                       n_pair: Int32):
         """W0: block a = 2i of each pair (slot 0) and output columns [0, 256)."""
         q_bar, x_bar = bars
-        qk_mma, qk_mma_acc, _, _ = mmas
-        NC = self.NC
         thr_qk, frags6, (r2s, thr_r2s), acc_o, (row_max, row_sum, corr, m_use) = self.consumer_setup(
             sQ2, sK, sV, sS, mmas, ctid, 0)
-        tSrQ, tSrK, s_id = frags6[:3]
+        s_id = frags6[2]
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((HG, BK)))
         rP = cute.make_rmem_tensor(acc_s.layout, self.dt)                  # bf16 P: the RS operand, then stmatrix
         st = (row_max, row_sum, corr, m_use, acc_s, rP, acc_o)
