@@ -1,47 +1,68 @@
 #!/usr/bin/env bash
-# The device check of the gather knobs on trial (branch wip/fwd-release-cg), one call of ~8 minutes:
-#   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT; bash tests/gpu/check_gather_trials.sh
+# The device check of the gather knobs on trial (branch wip/fwd-release-cg), two calls of < 10 minutes:
+#   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT; bash tests/gpu/check_gather_trials.sh fwd
+#   (then the same with "others"; "fwd others" runs both in one call where the limit allows)
 # Knobs (class attributes, default 0 = main's kernels):
 #   ELECT_RELEASE (ops/dsa/sparse_attn/fwd_sm90.py): one lane a warp arrives on a chunk's empty barrier with a count
 #     of 32, after a syncwarp, instead of all 256 consumer threads (18 SYNCS.ARRIVE a thread a pair);
 #   GATHER_CG (ops/common/gather_sm90.py BlockGather, ops/common/sparse_head_sum_sm90.py): the gathered key rows by
 #     cp.async.cg (LDGSTS.BYPASS, L2 only) instead of cp.async.ca (allocates every gathered line in L1).
-# Steps: 1) correctness: test_dsa_sparse_attn -k schedules (each knob bitwise equal to the default) and
+# Part fwd: 1) correctness: test_dsa_sparse_attn -k schedules (each knob bitwise equal to the default) and
 # test_dsa_sparse_scores -k gather_cg; 2) racecheck + memcheck of the forward with both knobs
-# (SANITIZE_KNOBS); 3) same-run A/B of the forward (bench/ab_sparse_attn.py: knobs, LAG 6, the nogather knockout),
-# of the backward with GATHER_CG, of the score recomputes with GATHER_CG (bench/ab_attn_score.py,
-# bench/sparse_score_shapes.py --cg: the indexer's launch shapes with and without); 4) ncu of the
-# default forward (speed of light, tensor pipe, LSU wavefronts, stall reasons). Logs to $OUT; short tables printed.
+# (SANITIZE_KNOBS); 3) same-run A/B of the forward (bench/ab_sparse_attn.py: knobs, LAG 6, the nogather knockout);
+# 4) ncu of the default forward (speed of light, tensor pipe, LSU wavefronts, stall reasons). Part others: the
+# same-run A/B of the sparse attention backward with GATHER_CG, of the score recomputes with GATHER_CG (bench/ab_attn_score.py,
+# bench/sparse_score_shapes.py --cg: the indexer's launch shapes with and without), of the indexer backward
+# (bench/indexer_bwd_shapes.py --cg). Logs to $OUT; short tables printed.
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
 t0=$(date +%s)
 stamp() { echo "---- $1 ($(( $(date +%s) - t0 )) s)"; }
-stamp "tests"
-timeout 200 python3 -m pytest -q -x tests/gpu/test_dsa_sparse_attn.py -k schedules > "$OUT/trial_tests.log" 2>&1
-echo "test_dsa_sparse_attn -k schedules rc=$?"; tail -2 "$OUT/trial_tests.log"
-timeout 120 python3 -m pytest -q -x tests/gpu/test_dsa_sparse_scores.py -k gather_cg >> "$OUT/trial_tests.log" 2>&1
-echo "test_dsa_sparse_scores -k gather_cg rc=$?"; tail -2 "$OUT/trial_tests.log"
-stamp "sanitizers (ELECT_RELEASE=1, GATHER_CG=1)"
-SANITIZE_KNOBS=ELECT_RELEASE=1,GATHER_CG=1 GPU_TESTS=none GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_attn.py \
-  SAN_TIMEOUT=120 bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "sanitize_.*rc=" "$OUT/run_device.log"
-stamp "A/B forward"
-timeout 240 python3 bench/ab_sparse_attn.py --heads 64 128 --knobs ELECT_RELEASE=1 GATHER_CG=1 LAG=6 \
-  ELECT_RELEASE=1,GATHER_CG=1 --knockouts nogather --iters 10 > "$OUT/ab_fwd.log" 2>&1
-echo "ab_sparse_attn fwd rc=$?"; cat "$OUT/ab_fwd.log"
-stamp "A/B backward"
-timeout 150 python3 bench/ab_sparse_attn.py --bwd --heads 64 --knobs GATHER_CG=1 --iters 5 > "$OUT/ab_bwd.log" 2>&1
-echo "ab_sparse_attn bwd rc=$?"; cat "$OUT/ab_bwd.log"
-stamp "A/B score recompute"
-timeout 150 python3 bench/ab_attn_score.py --knobs GATHER_CG=1 > "$OUT/ab_score.log" 2>&1
-echo "ab_attn_score rc=$?"; cat "$OUT/ab_score.log"
-stamp "sparse indexer recompute shapes with GATHER_CG"
-timeout 150 python3 bench/sparse_score_shapes.py --cg --iters 10 > "$OUT/idx_shapes.log" 2>&1
-echo "sparse_score_shapes rc=$?"; cat "$OUT/idx_shapes.log"
-stamp "ncu forward"
-timeout 120 ncu --clock-control none -k regex:SparseAttnFwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-  --section WarpStateStats --metrics 'sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts.sum,smsp__inst_executed.sum' \
-  python3 bench/sparse_attention.py --ncu > "$OUT/ncu_fwd.log" 2>&1
-echo "ncu rc=$?"; grep -E "Duration|Throughput|tensor_op|lsu_wavefronts|inst_executed|Stall|Warp Cycles" "$OUT/ncu_fwd.log" | head -30
+
+part_fwd() {
+  stamp "tests"
+  timeout 200 python3 -m pytest -q -x tests/gpu/test_dsa_sparse_attn.py -k schedules > "$OUT/trial_tests.log" 2>&1
+  echo "test_dsa_sparse_attn -k schedules rc=$?"; tail -2 "$OUT/trial_tests.log"
+  timeout 120 python3 -m pytest -q -x tests/gpu/test_dsa_sparse_scores.py -k gather_cg >> "$OUT/trial_tests.log" 2>&1
+  echo "test_dsa_sparse_scores -k gather_cg rc=$?"; tail -2 "$OUT/trial_tests.log"
+  stamp "sanitizers (ELECT_RELEASE=1, GATHER_CG=1)"
+  SANITIZE_KNOBS=ELECT_RELEASE=1,GATHER_CG=1 GPU_TESTS=none GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_attn.py \
+    SAN_TIMEOUT=120 bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
+  grep -E "sanitize_.*rc=" "$OUT/run_device.log"
+  stamp "A/B forward"
+  timeout 240 python3 bench/ab_sparse_attn.py --heads 64 128 --knobs ELECT_RELEASE=1 GATHER_CG=1 LAG=6 \
+    ELECT_RELEASE=1,GATHER_CG=1 --knockouts nogather --iters 10 > "$OUT/ab_fwd.log" 2>&1
+  echo "ab_sparse_attn fwd rc=$?"; cat "$OUT/ab_fwd.log"
+  stamp "ncu forward"
+  timeout 120 ncu --clock-control none -k regex:SparseAttnFwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --metrics 'sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts.sum,smsp__inst_executed.sum' \
+    python3 bench/sparse_attention.py --ncu > "$OUT/ncu_fwd.log" 2>&1
+  echo "ncu rc=$?"
+  grep -E "Duration|Throughput|tensor_op|lsu_wavefronts|inst_executed|Stall|Warp Cycles" "$OUT/ncu_fwd.log" | head -30
+}
+
+part_others() {
+  stamp "A/B backward"
+  timeout 150 python3 bench/ab_sparse_attn.py --bwd --heads 64 --knobs GATHER_CG=1 --iters 5 > "$OUT/ab_bwd.log" 2>&1
+  echo "ab_sparse_attn bwd rc=$?"; cat "$OUT/ab_bwd.log"
+  stamp "A/B score recompute"
+  timeout 150 python3 bench/ab_attn_score.py --knobs GATHER_CG=1 > "$OUT/ab_score.log" 2>&1
+  echo "ab_attn_score rc=$?"; cat "$OUT/ab_score.log"
+  stamp "sparse indexer recompute shapes with GATHER_CG"
+  timeout 150 python3 bench/sparse_score_shapes.py --cg --iters 10 > "$OUT/idx_shapes.log" 2>&1
+  echo "sparse_score_shapes rc=$?"; cat "$OUT/idx_shapes.log"
+  stamp "indexer backward shapes with GATHER_CG"
+  timeout 150 python3 bench/indexer_bwd_shapes.py --cg --iters 5 > "$OUT/idx_bwd_shapes.log" 2>&1
+  echo "indexer_bwd_shapes rc=$?"; cat "$OUT/idx_bwd_shapes.log"
+}
+
+[ $# -gt 0 ] || { echo "usage: check_gather_trials.sh fwd|others ..."; exit 2; }
+for part in "$@"; do
+  case $part in
+    fwd) part_fwd ;;
+    others) part_others ;;
+    *) echo "unknown part $part (fwd or others)"; exit 2 ;;
+  esac
+done
 stamp "done"
