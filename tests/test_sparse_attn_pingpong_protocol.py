@@ -21,7 +21,7 @@ pytest.importorskip("cutlass")
 from ops.dsa.sparse_attn.fwd_sm90 import VQ, SparseAttnFwdSm90  # noqa: E402
 
 
-def run(D, lag, n_pair, m1_late=False, drop_edge=None):
+def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False):
     kern = SparseAttnFwdSm90(D, 512, 64, False, False, False)
     NC = kern.NC
     order = list(kern.gather_order())
@@ -124,8 +124,9 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None):
             access("W0", "sRed0", "w")                             # m0
             arrive(0, "M0")
             yield from wait_bar(0, "M1")
-            yield from done(0, n, range(2 * VQ))
-            yield from done(0, n + 1, range(VQ, NC))
+            if not late_release:                                   # release_first
+                yield from done(0, n, range(2 * VQ))
+                yield from done(0, n + 1, range(VQ, NC))
             access("W0", "sRed1", "r")                             # m1
             access("W0", s0(n), "w")                               # P rescaled to m1 (stmatrix)
             if NC == 9:
@@ -133,6 +134,9 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None):
             arrive(0, "S0")
             yield from wait_bar(0, "S1")
             yield from wait(0, n + 1, range(VQ))                   # wait_chunks before the P V on sS1
+            if late_release:                                       # release_first under the P V on sS1
+                yield from done(0, n, range(2 * VQ))
+                yield from done(0, n + 1, range(VQ, NC))
             access("W0", "sS1", "r")                               # wait_group(0)
             yield from done(0, n + 1, range(VQ))
         access("W0", "sRed0", "w")                                 # epilogue: l
@@ -144,10 +148,14 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None):
         for i in range(n_pair):
             n = 2 * i + 1
             yield from wait(1, n, list(range(VQ, NC)) + list(range(VQ)))
-            yield from done(1, n, range(VQ))
-            if NC == 9:
-                yield from done(1, n, [NC - 1])
-            yield from done(1, n - 1, range(VQ))
+
+            def release_second():
+                yield from done(1, n, range(VQ))
+                if NC == 9:
+                    yield from done(1, n, [NC - 1])
+                yield from done(1, n - 1, range(VQ))
+            if not late_release:
+                yield from release_second()
             yield from wait_bar(1, "M0")
             access("W1", "sRed0", "r")                             # m0
             access("W1", "sRed1", "w")                             # m1
@@ -155,6 +163,8 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None):
                 arrive(1, "M1")
             access("W1", "sS1", "w")                               # P (stmatrix)
             arrive(1, "S1")
+            if late_release:                                       # under the own P V
+                yield from release_second()
             yield from wait_bar(1, "S0")
             if m1_late:
                 arrive(1, "M1")
@@ -180,9 +190,11 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None):
 
 @pytest.mark.parametrize("D", [512, 576])
 @pytest.mark.parametrize("lag", [1, 3, 8])
-def test_protocol_runs_through(D, lag):
+@pytest.mark.parametrize("late_release", [False, True])
+def test_protocol_runs_through(D, lag, late_release):
+    """LATE_RELEASE (a knob on trial) moves each consumer's releases on the handoff chain behind an issued P V."""
     for n_pair in range(5):
-        assert run(D, lag, n_pair) == "ok", (D, lag, n_pair)
+        assert run(D, lag, n_pair, late_release=late_release) == "ok", (D, lag, n_pair, late_release)
 
 
 @pytest.mark.parametrize("D", [512, 576])
@@ -192,10 +204,11 @@ def test_cross_wait_deadlocks(D):
     assert run(D, 3, 1, m1_late=True).startswith("deadlock")
 
 
+@pytest.mark.parametrize("late_release", [False, True])
 @pytest.mark.parametrize("edge", ["M0", "M1", "S1", "S0"])
 @pytest.mark.parametrize("D", [512, 576])
-def test_each_handoff_edge_is_needed(D, edge):
+def test_each_handoff_edge_is_needed(D, edge, late_release):
     """The access check can fail: with one handoff barrier's ordering edge dropped (its waits still block, but
     carry nothing), some access of the buffers it guards is no longer ordered."""
     with pytest.raises(AssertionError, match="not ordered before"):
-        run(D, 3, 3, drop_edge=edge)
+        run(D, 3, 3, drop_edge=edge, late_release=late_release)

@@ -49,7 +49,7 @@ KERNELS = {
     "sparse_attn_fwd_trial_knobs": "from ops.dsa.sparse_attn import fwd as m, fwd_sm90 as k; import cutlass.cute as "
                                    "cute; from ops.common.tensors import COMPILE_OPTIONS as o; key = m.variant_key(576, "
                                    "512, 128, True, True, True); cls = type('E', (k.SparseAttnFwdSm90,), "
-                                   "{'ELECT_RELEASE': 1, 'GATHER_CG': 1}); cute.compile(cls(*key), *m.fake_args(key), "
+                                   "{'ELECT_RELEASE': 1, 'GATHER_CG': 1, 'LATE_RELEASE': 1}); cute.compile(cls(*key), *m.fake_args(key), "
                                    "options=o)",
     "sparse_attn_bwd": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True, False))",

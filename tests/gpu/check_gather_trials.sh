@@ -6,9 +6,11 @@
 #   ELECT_RELEASE (ops/dsa/sparse_attn/fwd_sm90.py): one lane a warp arrives on a chunk's empty barrier with a count
 #     of 32, after a syncwarp, instead of all 256 consumer threads (18 SYNCS.ARRIVE a thread a pair);
 #   GATHER_CG (ops/common/gather_sm90.py BlockGather, ops/common/sparse_head_sum_sm90.py): the gathered key rows by
-#     cp.async.cg (LDGSTS.BYPASS, L2 only) instead of cp.async.ca (allocates every gathered line in L1).
+#     cp.async.cg (LDGSTS.BYPASS, L2 only) instead of cp.async.ca (allocates every gathered line in L1);
+#   LATE_RELEASE (forward): each consumer's chunk releases that sit on the M1 / S0 handoff chain (W0: 13 chunks after
+#     its M1 wait, W1: 9 after its Q K^T) moved behind an issued P V, off the chain.
 # Part fwd: 1) correctness: test_dsa_sparse_attn -k schedules (each knob bitwise equal to the default) and
-# test_dsa_sparse_scores -k gather_cg; 2) racecheck + memcheck of the forward with both knobs
+# test_dsa_sparse_scores -k gather_cg; 2) racecheck + memcheck of the forward with the three knobs
 # (SANITIZE_KNOBS); 3) same-run A/B of the forward (bench/ab_sparse_attn.py: knobs, LAG 6, the nogather knockout);
 # 4) ncu of the default forward (speed of light, tensor pipe, LSU wavefronts, stall reasons). Part others: the
 # same-run A/B of the sparse attention backward with GATHER_CG, of the score recomputes with GATHER_CG (bench/ab_attn_score.py,
@@ -26,13 +28,13 @@ part_fwd() {
   echo "test_dsa_sparse_attn -k schedules rc=$?"; tail -2 "$OUT/trial_tests.log"
   timeout 120 python3 -m pytest -q -x tests/gpu/test_dsa_sparse_scores.py -k gather_cg >> "$OUT/trial_tests.log" 2>&1
   echo "test_dsa_sparse_scores -k gather_cg rc=$?"; tail -2 "$OUT/trial_tests.log"
-  stamp "sanitizers (ELECT_RELEASE=1, GATHER_CG=1)"
-  SANITIZE_KNOBS=ELECT_RELEASE=1,GATHER_CG=1 GPU_TESTS=none GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_attn.py \
+  stamp "sanitizers (ELECT_RELEASE=1, GATHER_CG=1, LATE_RELEASE=1)"
+  SANITIZE_KNOBS=ELECT_RELEASE=1,GATHER_CG=1,LATE_RELEASE=1 GPU_TESTS=none GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_attn.py \
     SAN_TIMEOUT=120 bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
   grep -E "sanitize_.*rc=" "$OUT/run_device.log"
   stamp "A/B forward"
-  timeout 240 python3 bench/ab_sparse_attn.py --heads 64 128 --knobs ELECT_RELEASE=1 GATHER_CG=1 LAG=6 \
-    ELECT_RELEASE=1,GATHER_CG=1 --knockouts nogather --iters 10 > "$OUT/ab_fwd.log" 2>&1
+  timeout 240 python3 bench/ab_sparse_attn.py --heads 128 --knobs ELECT_RELEASE=1 GATHER_CG=1 LATE_RELEASE=1 LAG=6 \
+    ELECT_RELEASE=1,LATE_RELEASE=1 ELECT_RELEASE=1,GATHER_CG=1,LATE_RELEASE=1 --knockouts nogather --iters 10 > "$OUT/ab_fwd.log" 2>&1
   echo "ab_sparse_attn fwd rc=$?"; cat "$OUT/ab_fwd.log"
   stamp "ncu forward"
   timeout 120 ncu --clock-control none -k regex:SparseAttnFwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \

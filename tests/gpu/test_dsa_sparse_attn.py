@@ -273,11 +273,12 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knob,value", [("LAG", 1), ("LAG", 8), ("ELECT_RELEASE", 1), ("GATHER_CG", 1)])
+@pytest.mark.parametrize("knob,value", [("LAG", 1), ("LAG", 8), ("ELECT_RELEASE", 1), ("GATHER_CG", 1),
+                                        ("LATE_RELEASE", 1)])
 def test_schedules(monkeypatch, knob, value):
     """Schedule knobs give bitwise the default's results: producer lags (SparseAttnFwdSm90.LAG: chunks of cp.async in
     flight before the oldest is published) and the knobs on trial, ELECT_RELEASE (one lane a warp frees a chunk for
-    all 32) and GATHER_CG (kv rows by cp.async.cg): dense with topk_length and invalid blocks (odd and even block
+    all 32), GATHER_CG (kv rows by cp.async.cg) and LATE_RELEASE (releases behind an issued P V): dense with topk_length and invalid blocks (odd and even block
     counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90

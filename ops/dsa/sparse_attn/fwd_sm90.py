@@ -79,6 +79,10 @@ hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lo
 (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.88 vs 3.18 ms (406 vs 367 TFLOP/s), H 128 5.76 vs
 6.24 ms (406 vs 375); outputs within 2e-3 of each other. Issuing W0's next S behind its last P V (QK_EARLY, removed)
 was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP/s.
+Knobs on trial (class attributes, 0 = the form above; tests/gpu/check_gather_trials.sh): ELECT_RELEASE (done(): all
+lanes wait, then lane 0 arrives with a count of 32 after a syncwarp, so a chunk's empty barrier still completes at 256
+arrivals), GATHER_CG (the gather by cp.async.cg), LATE_RELEASE (release_first / release_second behind the issued P V
+instead of on the handoff chain; modelled by tests/test_sparse_attn_pingpong_protocol.py). Not yet run on a GPU.
 """
 import math
 
@@ -117,6 +121,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
     GATHER_PERIOD = 2
     ELECT_RELEASE = 0  # 1: one lane a warp arrives on a chunk's empty barrier, for all 32 (done()); on trial
+    LATE_RELEASE = 0   # 1: the releases on the consumers' handoff chain moved behind an issued P V; on trial
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
@@ -368,8 +373,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
         cute.arch.mbarrier_wait(x_bar + M1, ph)                    # m1 written by W1
         warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
-        self.done(pipe, n, tuple(range(2 * VQ)))                   # slot 0: Q K^T and V-left read, V-right never
-        self.done(pipe, n + 1, tuple(range(VQ, NC)))               # slot 1: W0 never reads these
+        if cutlass.const_expr(not self.LATE_RELEASE):
+            self.release_first(pipe, n)
         for r in cutlass.range_constexpr(2):
             m1 = sRed[1, s_id[r, 0][0]]
             m1_use = Float32(cutlass.select_(m1 == -Float32.inf, Float32(0.0), m1))
@@ -391,8 +396,17 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         rescale_rows(acc_mn_view(acc_o), corr)
         warpgroup.fence()
         self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
+        if cutlass.const_expr(self.LATE_RELEASE):
+            self.release_first(pipe, n)                            # under the P V on sS1, off the S0 chain
         warpgroup.wait_group(0)
         self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+
+    @cute.jit
+    def release_first(self, pipe, n: Int32):
+        """W0's releases of the pair once its own P V retired: slot 0's chunks 0-7 (Q K^T and V-left read, V-right
+        never) and slot 1's chunks VQ.. (never read by W0)."""
+        self.done(pipe, n, tuple(range(2 * VQ)))
+        self.done(pipe, n + 1, tuple(range(VQ, self.NC)))
 
     @cute.jit
     def consume_second(self, pipe, bars, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
@@ -415,10 +429,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.wait_group(0)
             s_mn = acc_mn_view(acc_s)
             self.mask_scale(s_mn, s_id, sRows, 1, scale_log2, corr)          # reads sRows[1] before chunk 0 is freed
-            self.done(pipe, n, tuple(range(VQ)))                       # slot 1: V-left (W0's to read), Q K^T done
-            if cutlass.const_expr(self.s0_in_rope):
-                self.done(pipe, n, (NC - 1,))                          # slot 1's rope: Q K^T only
-            self.done(pipe, n - 1, tuple(range(VQ)))                   # slot 0's V-left: W1 never reads it
+            if cutlass.const_expr(not self.LATE_RELEASE):
+                self.release_second(pipe, n)
             cute.arch.mbarrier_wait(x_bar + M0, ph)                    # m0 written by W0
             for r in cutlass.range_constexpr(2):
                 m_new = cute.arch.fmax(cute.arch.fmax(row_max[r], sRed[0, s_id[r, 0][0]]), corr[r])
@@ -434,6 +446,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             cute.arch.mbarrier_arrive(x_bar + S1)                      # sS1 -> W0
             warpgroup.fence()
             self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
+            if cutlass.const_expr(self.LATE_RELEASE):
+                self.release_second(pipe, n)                           # under the own P V, off the M1 / S1 chain
             cute.arch.mbarrier_wait(x_bar + S0, ph)                    # sS0 complete
             self.wait_chunks(pipe, n - 1, tuple(range(VQ, 2 * VQ)))    # slot 0's V-right (complete: W0 read them)
             warpgroup.fence()
@@ -443,6 +457,15 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.wait_group(0)                                    # P V on sS0 retired
             self.done(pipe, n - 1, tuple(range(VQ, NC)))               # slot 0's V-right (and sS0 in its rope)
         return acc_o, row_max, row_sum, s_id
+
+    @cute.jit
+    def release_second(self, pipe, n: Int32):
+        """W1's releases once its Q K^T of block n retired: slot 1's V-left (W0's to read) and rope (Q K^T only),
+        slot 0's V-left (W1 never reads it)."""
+        self.done(pipe, n, tuple(range(VQ)))
+        if cutlass.const_expr(self.s0_in_rope):
+            self.done(pipe, n, (self.NC - 1,))
+        self.done(pipe, n - 1, tuple(range(VQ)))
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
