@@ -2,8 +2,10 @@
 
 Rows: random normal scores (no -inf) at W 32K with k 2048 and k 64 (the sort shrinks from 2048 to 64 elements),
 W 4K with k 2048 (a row an eighth as long), causal scores (row i: i + 1 finite columns, the rest -inf, as the
-indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold runs of 2-5 equal keys). With --ncu, run only the first row once (in column order with --column) (for `ncu -k regex:Topk --launch-count 1`: name the kernel, the
-inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled torch's randn).
+indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold runs of 2-5 equal keys). With
+--ncu, run only the first row once (in column order with --column) (for `ncu -k regex:Topk --launch-count 1`: name
+the kernel, the inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled
+torch's randn).
 
 Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "key": a key-only network and slots by
 rank); --sorts key,regs,smem times every row with each (regs: the (key, column) pair network in registers /

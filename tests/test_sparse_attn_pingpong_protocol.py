@@ -96,7 +96,8 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False):
     def arrive(w, b):
         """The writer's 128 threads complete the handoff barrier's next phase (release)."""
         h = hand[b]
-        assert h["done"] == h["waited"], f"{b}: phase {h['done']} completed before its waiter waited phase {h['waited']}"
+        assert h["done"] == h["waited"], \
+            f"{b}: phase {h['done']} completed before its waiter waited phase {h['waited']}"
         h["done"] += 1
         h["vc"].append({} if b == drop_edge else tick(f"W{w}"))
 

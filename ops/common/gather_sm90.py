@@ -78,9 +78,10 @@ class BlockGather:
     acquires after its own (publish(): wait_group, proxy fence, arrive of all 128 writers on its full barrier) and
     every period ends with all its chunks published. Deadlock rule for the kernel: a consumer may block on a chunk
     of period i + 1 only after every release of period i that the producer's acquires up to lag chunks past it
-    need (with the default order and releases at the end of each block this always holds). With `sRows` (an Int32 tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there
-    (publish_rows: -1 for an invalid slot), so consumers take slot validity and key rows from shared memory instead
-    of loading the indices again. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a
+    need (with the default order and releases at the end of each block this always holds). With `sRows` (an Int32
+    tensor [2, GATHER_BK]) the producer also leaves each block's gathered rows there (publish_rows: -1 for an
+    invalid slot), so consumers take slot validity and key rows from shared memory instead of loading the indices
+    again. The kernel class supplies GATHER_BK, self.dt, self.pieces, self.NC (chunks a
     block), self.stages (pipeline stages), gather_lag(), state(n, c, producer) (the chunk's pipeline state),
     gather_dst(sK, r, col, index) (the 8-element shared-memory slice of row r, column piece col, in the stage of
     pipeline index `index`) and idx_coord(batch, row, j). MOVE_DATA = False (a diagnosis knob, never set by a kernel:

@@ -35,7 +35,8 @@ pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3
     tile's bytes (free: every Q K^T retired before SUM_BAR), then one TMA store per consumer (OUT_BAR).
 Online softmax of a pair (x = c S, masked -inf; m~ = 0 while m = -inf, so no -inf - -inf; every exp2 argument <= 0):
     W0: m0 = max(m, max x_a);  O0, l0 *= 2^(m - m0~);  P_a = 2^(x_a - m0~);  l0 += sum P_a;  O0 += bf16(P_a) V_a[:256]
-    W1: m1 = max(m, m0, max x_b);  O1, l1 *= 2^(m - m1~);  P_b = 2^(x_b - m1~);  l1 += sum P_b;  O1 += bf16(P_b) V_b[256:]
+    W1: m1 = max(m, m0, max x_b);  O1, l1 *= 2^(m - m1~);  P_b = 2^(x_b - m1~);  l1 += sum P_b;
+        O1 += bf16(P_b) V_b[256:]
     W0: f = 2^(m0 - m1~);  P_a' = P_a f;  l0, O0 *= f;  O0 += bf16(P_b) V_b[:256]      W1: O1 += bf16(P_a') V_a[256:]
     (m: the max both O halves are scaled to after the previous pair; m1 is the next pair's m.)
 Shared-memory handoffs between the consumers: four mbarriers (M0, M1, S1, S0), each completed by the 128 threads
@@ -74,8 +75,8 @@ topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a r
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
 Status: verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt): tests/gpu/test_dsa_sparse_attn.py
-36 passed, compute-sanitizer racecheck 0 hazards and memcheck 0 errors (named-barrier handoffs had given 4 / 12 racecheck
-hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lockstep kernel it replaced
+36 passed, compute-sanitizer racecheck 0 hazards and memcheck 0 errors (named-barrier handoffs had given 4 / 12
+racecheck hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lockstep kernel it replaced
 (bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.88 vs 3.18 ms (406 vs 367 TFLOP/s), H 128 5.76 vs
 6.24 ms (406 vs 375); outputs within 2e-3 of each other. Issuing W0's next S behind its last P V (QK_EARLY, removed)
 was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP/s.

@@ -89,7 +89,7 @@ class TopkStreamSm90(TopkSm90):
     # a timing diagnostic: None (the kernel), or "A" / "threshold" / "selection": end after pass A, after the
     # threshold T is known (pass B and passes 1-3 included), after the selection is gathered (before the ordering)
     STOP = None
-    MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of shared memory)
+    MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
