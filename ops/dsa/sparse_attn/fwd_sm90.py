@@ -83,7 +83,10 @@ was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP
 Knobs on trial (class attributes, 0 = the form above; tests/gpu/check_gather_trials.sh): ELECT_RELEASE (done(): all
 lanes wait, then lane 0 arrives with a count of 32 after a syncwarp, so a chunk's empty barrier still completes at 256
 arrivals), GATHER_CG (the gather by cp.async.cg), LATE_RELEASE (release_first / release_second behind the issued P V
-instead of on the handoff chain; modelled by tests/test_sparse_attn_pingpong_protocol.py). Not yet run on a GPU.
+instead of on the handoff chain), GROUPED (a pipeline stage is a chunk group, gather_groups(): V-left and the rest,
+4 stages a pair instead of 18; a consumer frees a group by the call that covers its last chunk, released_groups();
+LAG_GROUPED groups in flight). The protocol model (tests/test_sparse_attn_pingpong_protocol.py) runs LATE_RELEASE
+and GROUPED. Not yet run on a GPU.
 """
 import math
 
@@ -123,12 +126,16 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     GATHER_PERIOD = 2
     ELECT_RELEASE = 0  # 1: one lane a warp arrives on a chunk's empty barrier, for all 32 (done()); on trial
     LATE_RELEASE = 0   # 1: the releases on the consumers' handoff chain moved behind an issued P V; on trial
+    GROUPED = 0        # 1: a pipeline stage is a chunk group (V-left, the rest), not a chunk; on trial
+    LAG_GROUPED = 1    # GROUPED: groups in flight per producer thread before the oldest is published
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
         self.D, self.Dv, self.H = head_dim, v_head_dim, heads
         self.NC = head_dim // DC
-        self.stages = 2 * self.NC                 # pipeline stages: 2 block slots x NC chunks
+        self.G = len(self.gather_groups())        # pipeline stages a block (NC, or 2 with GROUPED)
+        self.stages = 2 * self.G                  # pipeline stages: 2 block slots x G
+        self.bufs = 2 * self.NC                   # chunk buffers: 2 block slots x NC chunks
         self.varlen, self.has_length, self.has_sink = varlen, has_length, has_sink
         self.dt = cutlass.BFloat16
         self.pieces = BK * DC // PIECE // 128     # cp.async pieces per producer thread per chunk (4)
@@ -136,10 +143,50 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     def gather_order(self):
         """A pair's fill order: block a's V-left chunks (W0 reads them first and frees them first), block b's
-        chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last, by W0's second P V)."""
+        chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last, by W0's second P V);
+        GROUPED: the same four groups as four stages."""
+        if self.GROUPED:
+            return ((0, 0), (1, 1), (0, 1), (1, 0))
         NC = self.NC
         return (tuple((0, c) for c in range(VQ)) + tuple((1, c) for c in range(VQ, NC))
                 + tuple((0, c) for c in range(VQ, NC)) + tuple((1, c) for c in range(VQ)))
+
+    def gather_groups(self):
+        """GROUPED: two stages a block, the V-left chunks and the rest; else one a chunk."""
+        if self.GROUPED:
+            return (tuple(range(VQ)), tuple(range(VQ, self.D // DC)))
+        return tuple((c,) for c in range(self.D // DC))
+
+    def group_of(self, c):
+        return [g for g, cs in enumerate(self.gather_groups()) if c in cs][0]
+
+    def buffer_index(self, n, c, st):
+        """Chunk c of block n lives in buffer (n % 2) NC + c (the stage's own index when every chunk is a stage)."""
+        return self.buf(n, c, st.index)
+
+    def buf(self, n, c, stage):
+        return (n % 2) * self.NC + c if self.GROUPED else stage
+
+    def released_groups(self, chunks, prior=()):
+        """The groups a consumer frees when its last reads of `chunks` of a block are behind it, `prior` the chunks of
+        that block it freed before: each group all of whose chunks are in prior + chunks, not all in prior (in order
+        of first appearance; one a chunk without GROUPED)."""
+        groups, out = self.gather_groups(), []
+        for c in chunks:
+            g = self.group_of(c)
+            if g not in out and set(groups[g]) <= set(prior) | set(chunks) and not set(groups[g]) <= set(prior):
+                out.append(g)
+        return tuple(out)
+
+    def touched_groups(self, chunks):
+        out = []
+        for c in chunks:
+            if self.group_of(c) not in out:
+                out.append(self.group_of(c))
+        return tuple(out)
+
+    def gather_lag(self):
+        return self.LAG_GROUPED if self.GROUPED else self.LAG
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -170,7 +217,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         pv_ss = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), tiler_mn=(HG, VH))
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, BK, D), dt, 1)
         # one chunk: 64 keys x 64 columns, 128-byte rows (K-major for Q K^T)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, BK, DC), dt, self.stages)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, BK, DC), dt, self.bufs)
         # V of one consumer: 4 consecutive chunks read as one MN-major 256-column x 64-key tile (the layout tiles K
         # first, so its 64-column atoms sit 8 KiB apart: the chunks)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (HG, VH, BK), dt, 1)
@@ -390,7 +437,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[0]))
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         if cutlass.const_expr(self.s0_in_rope):
-            self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
+            self.done(pipe, n, (NC - 1,), tuple(range(2 * VQ)))   # chunk 8 now holds sS0 (W1 frees it last)
         cute.arch.mbarrier_arrive(x_bar + S0)                      # sS0 -> W1, and this thread's m1 reads are behind
         cute.arch.mbarrier_wait(x_bar + S1, ph)                    # sS1 complete
         self.wait_chunks(pipe, n + 1, tuple(range(VQ)))            # slot 1's V-left (complete: W1 read them)
@@ -400,7 +447,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         if cutlass.const_expr(self.LATE_RELEASE):
             self.release_first(pipe, n)                            # under the P V on sS1, off the S0 chain
         warpgroup.wait_group(0)
-        self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+        self.done(pipe, n + 1, tuple(range(VQ)), tuple(range(VQ, NC)))     # slot 1's V-left read
 
     @cute.jit
     def release_first(self, pipe, n: Int32):
@@ -454,9 +501,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.fence()
             self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
             warpgroup.wait_group(1)                                    # own P V retired
-            self.done(pipe, n, tuple(range(VQ, 2 * VQ)))               # slot 1's V-right
+            self.done(pipe, n, tuple(range(VQ, 2 * VQ)),                 # slot 1's V-right
+                      tuple(range(VQ)) + ((NC - 1,) if self.s0_in_rope else ()))
             warpgroup.wait_group(0)                                    # P V on sS0 retired
-            self.done(pipe, n - 1, tuple(range(VQ, NC)))               # slot 0's V-right (and sS0 in its rope)
+            self.done(pipe, n - 1, tuple(range(VQ, NC)), tuple(range(VQ)))   # slot 0's V-right (and sS0 in its rope)
         return acc_o, row_max, row_sum, s_id
 
     @cute.jit
@@ -465,17 +513,19 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         slot 0's V-left (W1 never reads it)."""
         self.done(pipe, n, tuple(range(VQ)))
         if cutlass.const_expr(self.s0_in_rope):
-            self.done(pipe, n, (self.NC - 1,))
+            self.done(pipe, n, (self.NC - 1,), tuple(range(VQ)))
         self.done(pipe, n - 1, tuple(range(VQ)))
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
     def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr):
-        """S(n) = Q K_n^T over the chunks in the given order: wait each chunk's full barrier, then its 4 k-blocks;
-        one committed group."""
+        """S(n) = Q K_n^T over the chunks in the given order (whole groups, contiguous): wait each group's full barrier
+        before its first chunk, then the chunks' 4 k-blocks each; one committed group."""
         kpc = DC // 16
-        gemm_chunks(pipe, lambda c: self.state(n, c, False), chunks, qk_mma, qk_mma_acc, acc_s,
-                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, stage]), kpc)
+        waits = tuple(j == 0 or self.group_of(chunks[j]) != self.group_of(chunks[j - 1]) for j in range(len(chunks)))
+        gemm_chunks(pipe, lambda c: self.state(n, self.group_of(c), False), chunks, qk_mma, qk_mma_acc, acc_s,
+                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, self.buf(n, c, stage)]),
+                    kpc, waits)
 
     @cute.jit
     def issue_pv(self, pv_mma: cute.TiledMma, acc_o, tOrP, tOrV):
@@ -488,27 +538,30 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     def wait_chunks(self, pipe, n: Int32, chunks: cutlass.Constexpr):
         """Wait on block n's full barriers of these chunks, before reading chunks the other consumer waited on (the
         handoff mbarrier already orders them: this makes each read's own wait local)."""
-        for j in cutlass.range_constexpr(len(chunks)):
-            pipe.consumer_wait(self.state(n, chunks[j], False))
+        groups = self.touched_groups(chunks)
+        for j in cutlass.range_constexpr(len(groups)):
+            pipe.consumer_wait(self.state(n, groups[j], False))
 
     @cute.jit
-    def done(self, pipe, n: Int32, chunks: cutlass.Constexpr):
-        """This thread's last read of block n's chunks is behind it: for each, wait its full barrier of block n
-        (already complete when read before; a chunk never read is published by then too, the fill order being
-        ahead), then arrive on its empty barrier. ELECT_RELEASE: the warp's lanes meet first (syncwarp: every lane's
-        reads, generic and retired wgmma alike, come before it), then lane 0 alone waits and arrives with a count
-        of 32 (the barrier still expects 256 arrivals: 8 warps x 32)."""
+    def done(self, pipe, n: Int32, chunks: cutlass.Constexpr, prior: cutlass.Constexpr = ()):
+        """This thread's last read of block n's chunks is behind it (`prior`: the chunks of block n it freed before):
+        for each group this completes (released_groups), wait its full barrier of block n (already complete when
+        read before; a group never read is published by then too, the fill order being ahead), then arrive on its
+        empty barrier. ELECT_RELEASE: the warp's lanes meet first (syncwarp: every lane's reads, generic and retired
+        wgmma alike, come before it), every lane waits (no divergent branch), lane 0 alone arrives, with a count of
+        32 (the barrier still expects 256 arrivals: 8 warps x 32)."""
+        groups = self.released_groups(chunks, prior)
         if cutlass.const_expr(self.ELECT_RELEASE):
             cute.arch.sync_warp()
             lead = cute.arch.lane_idx() == 0
-            for j in cutlass.range_constexpr(len(chunks)):
-                st = self.state(n, chunks[j], False)
+            for j in cutlass.range_constexpr(len(groups)):
+                st = self.state(n, groups[j], False)
                 pipe.consumer_wait(st)
                 if lead:
                     cute.arch.mbarrier_arrive(pipe.consumer_get_barrier(st), arrive_count=32)
         else:
-            for j in cutlass.range_constexpr(len(chunks)):
-                st = self.state(n, chunks[j], False)
+            for j in cutlass.range_constexpr(len(groups)):
+                st = self.state(n, groups[j], False)
                 pipe.consumer_wait(st)
                 pipe.consumer_release(st)
 
