@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of the knobs on trial (branches wip/fwd-release-cg, wip/fwd-grouped), in parts of < 10 minutes:
+# The device check of the knobs on trial (branch wip/gather-trials), in parts of < 10 minutes:
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT
 #   bash tests/gpu/check_gather_trials.sh fwd          (then "ab", then "others"; estimates ~4, ~5, ~7 minutes;
 #                                                       several parts in one call where the limit allows)
@@ -10,7 +10,7 @@
 #     cp.async.cg (LDGSTS.BYPASS, L2 only) instead of cp.async.ca (allocates every gathered line in L1);
 #   LATE_RELEASE (forward): each consumer's chunk releases that sit on the M1 / S0 handoff chain (W0: 13 chunks after
 #     its M1 wait, W1: 9 after its Q K^T) moved behind an issued P V, off the chain;
-#   GROUPED (forward, branch wip/fwd-grouped): a pipeline stage is a chunk group (V-left, the rest: 4 stages a pair,
+#   GROUPED (forward): a pipeline stage is a chunk group (V-left, the rest: 4 stages a pair,
 #     as FlashMLA's sm90 kernel) instead of a chunk (18 a pair): ~3.5x fewer full-barrier waits and releases, and
 #     LAG_GROUPED = 1 group in flight behind the one being issued.
 # Part fwd: test_dsa_sparse_attn -k "schedules or trial_knobs" (each knob, and all four at once, bitwise equal to
