@@ -9,9 +9,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
-GPU_TESTS=tests/gpu/test_dsa_sparse_scores.py GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_scores.py PYTEST_TIMEOUT=240 \
-  SAN_TIMEOUT=120 bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "FAILED|Error" "$OUT"/test_dsa_sparse_scores.log 2>/dev/null | head -8
+run_suite test_dsa_sparse_scores sanitize_dsa_sparse_scores 240 120
 timeout 240 python3 bench/ab_attn_score.py ${AB_ATTN_ARGS:-} > "$OUT/ab_attn_score.log" 2>&1
 echo "ab_attn_score rc=$?"
 cat "$OUT/ab_attn_score.log"

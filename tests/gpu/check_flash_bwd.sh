@@ -7,9 +7,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
-GPU_TESTS=tests/gpu/test_flash_bwd.py GPU_SANITIZE=tests/gpu/sanitize_bwd.py PYTEST_TIMEOUT=280 SAN_TIMEOUT=150 \
-  bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "FAILED|Error" "$OUT"/test_flash_bwd.log 2>/dev/null | head -8
+run_suite test_flash_bwd sanitize_bwd 280 150
 timeout 200 python3 bench/ab_flash_bwd.py --iters ${AB_ITERS:-10} --dims ${AB_DIMS:-128 64} > "$OUT/ab_flash_bwd.log" 2>&1
 echo "ab_flash_bwd rc=$?"
 cat "$OUT/ab_flash_bwd.log"

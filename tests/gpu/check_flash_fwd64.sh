@@ -8,9 +8,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
-GPU_TESTS=tests/gpu/test_flash_fwd.py GPU_SANITIZE=tests/gpu/sanitize_fwd.py PYTEST_TIMEOUT=300 SAN_TIMEOUT=150 \
-  bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "FAILED|Error" "$OUT"/test_flash_fwd.log 2>/dev/null | head -8
+run_suite test_flash_fwd sanitize_fwd 300 150
 for bm in 128/128 192/192; do
   tag=${bm%%/*}
   PADDLE_DSA_FWD_BM64=$bm timeout 240 python3 bench/flash_attention.py --fwd --dims 64 --iters 10 \

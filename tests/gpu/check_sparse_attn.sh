@@ -8,9 +8,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
-GPU_TESTS=tests/gpu/test_dsa_sparse_attn.py GPU_SANITIZE=tests/gpu/sanitize_dsa_sparse_attn.py PYTEST_TIMEOUT=300 \
-  SAN_TIMEOUT=120 bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "FAILED|Error" "$OUT"/test_dsa_sparse_attn.log 2>/dev/null | head -8
+run_suite test_dsa_sparse_attn sanitize_dsa_sparse_attn 300 120
 timeout 200 python3 bench/ab_sparse_attn.py --heads 64 128 --knockouts nogather \
   --iters ${AB_ITERS:-20} \
   > "$OUT/ab_sparse_attn.log" 2>&1

@@ -11,9 +11,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
-GPU_TESTS=tests/gpu/test_dsa_topk.py GPU_SANITIZE=tests/gpu/sanitize_dsa_topk.py PYTEST_TIMEOUT=240 SAN_TIMEOUT=90 \
-  bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
-grep -E "FAILED|Error" "$OUT"/test_dsa_topk.log 2>/dev/null | head -8
+run_suite test_dsa_topk sanitize_dsa_topk 240 90
 if [ -f ops/dsa/topk/_ab_base_stream_sm90.py ]; then
   timeout 240 python3 bench/ab_topk.py > "$OUT/ab_topk.log" 2>&1
   echo "ab_topk rc=$?"

@@ -1,5 +1,13 @@
 # Sourced by the device scripts (tests/gpu/*.sh) from the repository root: the log folder $OUT (the device call's
-# return folder, or /tmp/gpu_out) and the environment every GPU step runs in.
+# return folder, or /tmp/gpu_out), the environment every GPU step runs in, and run_suite (one suite and its sanitizer).
 OUT="${OUT:-/tmp/gpu_out}"
 export OUT PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 mkdir -p "$OUT"
+
+# run_suite TEST SANITIZER PYTEST_S SAN_S: tests/gpu/TEST.py, then tests/gpu/SANITIZER.py under compute-sanitizer
+# racecheck and memcheck, through run_device.sh (its log: $OUT/run_device.log); prints the test log's failure lines.
+run_suite() {
+  GPU_TESTS="tests/gpu/$1.py" GPU_SANITIZE="tests/gpu/$2.py" PYTEST_TIMEOUT=$3 SAN_TIMEOUT=$4 \
+    bash tests/gpu/run_device.sh > "$OUT/run_device.log" 2>&1
+  grep -E "FAILED|Error" "$OUT/$1.log" 2>/dev/null | head -8
+}
