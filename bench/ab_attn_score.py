@@ -14,10 +14,10 @@ differs by rounding only). TFLOP/s = 2 Sq K H Dqk / time. cuDNN frontend's row i
 bench/dsa_indexer.py --rows "sparse attn rec." in the same call.
 
 Rows: the default kernel, then one row per --knobs spec (class attributes of SparseAttnScoreSm90 set for that row:
-"HEAD_SPLIT=0" (the lockstep schedule, the default list), "GATHER_CG=1" (key rows by cp.async.cg), ...), each
+"HEAD_SPLIT=0" (the lockstep schedule, the default list), "PROMOTE_LAG=1", ...), each
 compared with the default's outputs.
 
-Run:  python bench/ab_attn_score.py [--iters N] [--dense] [--knobs HEAD_SPLIT=0 GATHER_CG=1 ...]
+Run:  python bench/ab_attn_score.py [--iters N] [--dense] [--knobs HEAD_SPLIT=0 ...]
 """
 import argparse
 import os

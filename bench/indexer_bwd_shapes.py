@@ -9,10 +9,7 @@ d_weights: another consumer count sums the per-consumer partials in another orde
 any order): the largest difference relative to the largest magnitude is printed, and a variant off by more than
 1e-2 is marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when it is unpacked.
 
---cg adds the default launch shape with GATHER_CG = 1 (the key rows gathered by cp.async.cg, bypassing L1; a knob
-on trial).
-
-Run:  python bench/indexer_bwd_shapes.py [--iters N] [--cg]
+Run:  python bench/indexer_bwd_shapes.py [--iters N]
 """
 import argparse
 import os
@@ -30,8 +27,8 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import device_time  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS", "GATHER_CG")
-VARIANTS = ((2, (40, 232), 0), (3, (24, 160), 0), (3, (40, 152), 0))
+KNOBS = ("CONSUMERS", "REGS")
+VARIANTS = ((2, (40, 232)), (3, (24, 160)), (3, (40, 152)))
 DEV = "cuda"
 
 
@@ -77,15 +74,15 @@ def rel_diff(x, ref):
 def main(a):
     default = {k: getattr(Kernel, k) for k in KNOBS}
     print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
-    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'cg':>2s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
+    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
           flush=True)
     for make in (sparse_case, dense_case):
         name, run, out, flops = make()
         ref = None
-        for w_count, regs, cg in VARIANTS + (((2, (40, 232), 1),) if a.cg else ()):
-            for k, v in zip(KNOBS, (w_count, {w_count: regs}, cg)):
+        for w_count, regs in VARIANTS:
+            for k, v in zip(KNOBS, (w_count, {w_count: regs})):
                 setattr(Kernel, k, v)
-            shape = f"{w_count:2d} {str(regs):>10s} {cg:2d}"
+            shape = f"{w_count:2d} {str(regs):>10s}"
             sparse_seam._CACHE.clear()
             dense_seam._CACHE.clear()
             try:
@@ -114,5 +111,4 @@ def main(a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--cg", action="store_true", help="also the default shape with GATHER_CG = 1")
     main(p.parse_args())

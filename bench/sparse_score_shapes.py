@@ -6,9 +6,7 @@ compiled, checked bit for bit against the first variant (same wgmmas, same epilo
 identical; 5 % of the indices invalid), and timed at the bench row's shape: B 1, Sq 4K, Sk 8K, top-k 2048, 64 heads,
 Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in the same run when it is unpacked.
 
---cg also runs every variant with GATHER_CG = 1 (the key rows by cp.async.cg, bypassing L1; a knob on trial).
-
-Run:  python bench/sparse_score_shapes.py [--iters N] [--cg]
+Run:  python bench/sparse_score_shapes.py [--iters N]
 """
 import argparse
 import os
@@ -40,13 +38,12 @@ def main(a):
                           idx).int()
     st = torch.cuda.current_stream().cuda_stream
     flops = 2.0 * Sq * K * H * D
-    default = (Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS, Kernel.GATHER_CG)
+    default = (Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS)
     print(f"# sparse indexer recompute launch shapes, {torch.cuda.get_device_name()}; default {default}")
-    print(f"{'stages':>6s} {'blocks':>6s} {'regs':>10s} {'cg':>3s} {'ms':>8s} {'TFLOP/s':>8s} {'same bits':>9s}",
-          flush=True)
+    print(f"{'stages':>6s} {'blocks':>6s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'same bits':>9s}", flush=True)
     ref = None
-    for (stages, blocks, regs), cg in [(v, c) for c in ((0, 1) if a.cg else (0,)) for v in VARIANTS]:
-        Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS, Kernel.GATHER_CG = stages, blocks, regs, cg
+    for stages, blocks, regs in VARIANTS:
+        Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = stages, blocks, regs
         seam._CACHE.clear()
         s = torch.full((1, Sq, K), float("nan"), device=dev)
         lse = torch.full((1, Sq), float("nan"), device=dev)
@@ -59,12 +56,11 @@ def main(a):
             else:
                 same = str(bool(torch.equal(s, ref[0]) and torch.equal(lse, ref[1])))
             t, _ = device_time(lambda: seam.sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st), a.iters)
-            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} {cg:3d} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} "
-                  f"{same:>9s}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} {cg:3d} failed: {type(e).__name__}: {str(e)[:200]}",
+            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} {same:>9s}",
                   flush=True)
-    Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS, Kernel.GATHER_CG = default
+        except Exception as e:  # noqa: BLE001
+            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = default
     seam._CACHE.clear()
     try:
         import importlib
@@ -79,5 +75,4 @@ def main(a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--cg", action="store_true", help="also every variant with GATHER_CG = 1")
     main(p.parse_args())

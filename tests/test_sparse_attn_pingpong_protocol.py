@@ -1,5 +1,5 @@
 """CPU: a model of the sparse attention forward's synchronisation protocol (ops/dsa/sparse_attn/fwd_sm90.py): the
-producer's fill order (the kernel's own gather_order) with a chunk published LAG acquires after its own and every
+producer's fill order (the kernel's own gather_order) with a chunk group published LAG acquires after its own and every
 period drained, the chunk pipeline's full / empty barriers (an empty barrier completes a phase when both consumers
 arrived), the consumers' handoff mbarriers M0 / M1 / S1 / S0 (one consumer completes a phase, the other waits on
 it by parity: an arrival may never complete a phase its waiter has not yet waited on, or the parity wait would hang
@@ -21,11 +21,10 @@ pytest.importorskip("cutlass")
 from ops.dsa.sparse_attn.fwd_sm90 import VQ, SparseAttnFwdSm90  # noqa: E402
 
 
-def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, grouped=False):
-    cls = type("K", (SparseAttnFwdSm90,), {"GROUPED": int(grouped)})
-    kern = cls(D, 512, 64, False, False, False)
+def run(D, lag, n_pair, m1_late=False, drop_edge=None):
+    kern = SparseAttnFwdSm90(D, 512, 64, False, False, False)
     NC, G = kern.NC, kern.G
-    units = kern.gather_groups()                                   # a pipeline stage: a chunk, or a chunk group
+    units = kern.gather_groups()                                   # a pipeline stage: a chunk group
     order = list(kern.gather_order())                              # (block of the pair, unit)
     full, empty, rel = {}, {}, {}
     full_vc, empty_vc, rel_vc = {}, {}, {}
@@ -134,9 +133,8 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, group
             access("W0", "sRed0", "w")                             # m0
             arrive(0, "M0")
             yield from wait_bar(0, "M1")
-            if not late_release:                                   # release_first
-                yield from done(0, n, range(2 * VQ))
-                yield from done(0, n + 1, range(VQ, NC))
+            yield from done(0, n, range(2 * VQ))                   # release_first
+            yield from done(0, n + 1, range(VQ, NC))
             access("W0", "sRed1", "r")                             # m1
             access("W0", s0(n), "w")                               # P rescaled to m1 (stmatrix)
             if NC == 9:
@@ -144,9 +142,6 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, group
             arrive(0, "S0")
             yield from wait_bar(0, "S1")
             yield from wait(0, n + 1, range(VQ))                   # wait_chunks before the P V on sS1
-            if late_release:                                       # release_first under the P V on sS1
-                yield from done(0, n, range(2 * VQ))
-                yield from done(0, n + 1, range(VQ, NC))
             access("W0", "sS1", "r")                               # wait_group(0)
             yield from done(0, n + 1, range(VQ), range(VQ, NC))
         access("W0", "sRed0", "w")                                 # epilogue: l
@@ -158,14 +153,10 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, group
         for i in range(n_pair):
             n = 2 * i + 1
             yield from wait(1, n, list(range(VQ, NC)) + list(range(VQ)))
-
-            def release_second():
-                yield from done(1, n, range(VQ))
-                if NC == 9:
-                    yield from done(1, n, [NC - 1], range(VQ))
-                yield from done(1, n - 1, range(VQ))
-            if not late_release:
-                yield from release_second()
+            yield from done(1, n, range(VQ))                       # release_second
+            if NC == 9:
+                yield from done(1, n, [NC - 1], range(VQ))
+            yield from done(1, n - 1, range(VQ))
             yield from wait_bar(1, "M0")
             access("W1", "sRed0", "r")                             # m0
             access("W1", "sRed1", "w")                             # m1
@@ -173,8 +164,6 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, group
                 arrive(1, "M1")
             access("W1", "sS1", "w")                               # P (stmatrix)
             arrive(1, "S1")
-            if late_release:                                       # under the own P V
-                yield from release_second()
             yield from wait_bar(1, "S0")
             if m1_late:
                 arrive(1, "M1")
@@ -200,58 +189,48 @@ def run(D, lag, n_pair, m1_late=False, drop_edge=None, late_release=False, group
 
 
 @pytest.mark.parametrize("D", [512, 576])
-@pytest.mark.parametrize("lag", [1, 3, 8])
-@pytest.mark.parametrize("late_release", [False, True])
-def test_protocol_runs_through(D, lag, late_release):
-    """LATE_RELEASE (a knob on trial) moves each consumer's releases on the handoff chain behind an issued P V."""
+@pytest.mark.parametrize("lag", [1, 2, 3, 4])
+def test_protocol_runs_through(D, lag):
+    """A pipeline stage is a chunk group (V-left, the rest), 4 a pair; each consumer frees a group once, after its
+    last read of every chunk in it (released_groups); lag counts groups, up to the 4 of a pair."""
     for n_pair in range(5):
-        assert run(D, lag, n_pair, late_release=late_release) == "ok", (D, lag, n_pair, late_release)
+        assert run(D, lag, n_pair) == "ok", (D, lag, n_pair)
 
 
 @pytest.mark.parametrize("D", [512, 576])
-@pytest.mark.parametrize("lag", [1, 2, 4])
-@pytest.mark.parametrize("late_release", [False, True])
-def test_grouped_protocol_runs_through(D, lag, late_release):
-    """GROUPED (a knob on trial): a pipeline stage is a chunk group (V-left, the rest), 4 a pair; each consumer frees
-    a group once, after its last read of every chunk in it (released_groups); lag counts groups."""
-    for n_pair in range(5):
-        assert run(D, lag, n_pair, late_release=late_release, grouped=True) == "ok", (D, lag, n_pair)
-
-
-@pytest.mark.parametrize("D", [512, 576])
-def test_grouped_released_groups(D):
+def test_released_groups(D):
     """Each consumer frees each group of each block exactly once (the run checks it) and only after its last read of
     all the group's chunks: a group is freed by the call that covers its last chunk."""
-    k = type("K", (SparseAttnFwdSm90,), {"GROUPED": 1})(D, 512, 64, False, False, False)
+    k = SparseAttnFwdSm90(D, 512, 64, False, False, False)
     NC = k.NC
     assert k.gather_groups() == (tuple(range(VQ)), tuple(range(VQ, NC)))
     assert k.released_groups(tuple(range(2 * VQ))) == ((0, 1) if NC == 8 else (0,))
     assert k.released_groups((NC - 1,), tuple(range(2 * VQ))) == ((1,) if NC == 9 else ())
     assert k.released_groups(tuple(range(VQ, 2 * VQ)), tuple(range(VQ)) + (NC - 1,)) == (1,)
-    d = SparseAttnFwdSm90(D, 512, 64, False, False, False)             # ungrouped: one stage a chunk, in call order
-    assert d.released_groups((3, 1, 2)) == (3, 1, 2) and d.G == NC
+    assert k.released_groups((3, 1, 2)) == () and k.released_groups((3, 1, 2), (0,)) == (0,) and k.G == 2
 
 
 @pytest.mark.parametrize("D", [512, 576])
-def test_grouped_early_release_is_caught(D):
+def test_early_group_release_is_caught(D):
     """The access check catches a group freed before one of its chunks is read: W1 freeing slot 1's second group at
-    its rope chunk (as the ungrouped kernel frees chunk 8 alone) while its V-right P V still reads chunks 4-7."""
+    its rope chunk (as a kernel with a stage a chunk would free chunk 8 alone) while its V-right P V still reads
+    chunks 4-7."""
     import ops.dsa.sparse_attn.fwd_sm90 as fm
     orig = fm.SparseAttnFwdSm90.released_groups
 
     def early(self, chunks, prior=()):
-        if self.GROUPED and tuple(chunks) == (self.NC - 1,) and tuple(prior) == tuple(range(VQ)):
+        if tuple(chunks) == (self.NC - 1,) and tuple(prior) == tuple(range(VQ)):
             return (1,)
-        if self.GROUPED and tuple(chunks) == tuple(range(VQ, 2 * VQ)) and (self.NC - 1) in tuple(prior):
+        if tuple(chunks) == tuple(range(VQ, 2 * VQ)) and (self.NC - 1) in tuple(prior):
             return ()
         return orig(self, chunks, prior)
     fm.SparseAttnFwdSm90.released_groups = early
     try:
         if D == 576:
             with pytest.raises(AssertionError, match="not ordered before"):
-                run(D, 1, 3, grouped=True)
+                run(D, 1, 3)
         else:
-            assert run(D, 1, 3, grouped=True) == "ok"        # no rope chunk at Dqk 512: the mutation never fires
+            assert run(D, 1, 3) == "ok"        # no rope chunk at Dqk 512: the mutation never fires
     finally:
         fm.SparseAttnFwdSm90.released_groups = orig
 
@@ -263,11 +242,10 @@ def test_cross_wait_deadlocks(D):
     assert run(D, 3, 1, m1_late=True).startswith("deadlock")
 
 
-@pytest.mark.parametrize("late_release", [False, True])
 @pytest.mark.parametrize("edge", ["M0", "M1", "S1", "S0"])
 @pytest.mark.parametrize("D", [512, 576])
-def test_each_handoff_edge_is_needed(D, edge, late_release):
+def test_each_handoff_edge_is_needed(D, edge):
     """The access check can fail: with one handoff barrier's ordering edge dropped (its waits still block, but
     carry nothing), some access of the buffers it guards is no longer ordered."""
     with pytest.raises(AssertionError, match="not ordered before"):
-        run(D, 3, 3, drop_edge=edge, late_release=late_release)
+        run(D, 3, 3, drop_edge=edge)

@@ -27,11 +27,12 @@ def find_sequence(mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
     return lo
 
 
-def gather_atom(dt, bypass_l1: bool):
-    """The 16-byte cp.async atom of the gathering producers: cp.async.ca (allocates in L1) by default, cp.async.cg
-    (L2 only: LDGSTS.BYPASS) with bypass_l1 (the GATHER_CG knob, on trial). Same bytes land either way."""
-    mode = cpasync.LoadCacheMode.GLOBAL if bypass_l1 else cpasync.LoadCacheMode.ALWAYS
-    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), dt, num_bits_per_copy=128)
+def gather_atom(dt):
+    """The 16-byte cp.async atom of the gathering producers: cp.async.cg (LDGSTS.BYPASS: L2 only, no L1 line
+    allocated; a gathered row is read once per CTA). Same-run A/B against cp.async.ca on an H100, 2026-12-05
+    (perf/gather_trials_2026-12-05T1705.txt): sparse attention forward 1.25x, backward 1.05x, sparse attention-score
+    recompute 1.08-1.09x, sparse indexer recompute 1.02x, indexer backwards 1.00-1.01x; results bitwise equal."""
+    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
 
 
 @cute.jit
@@ -93,7 +94,6 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    GATHER_CG = 0        # 1: cp.async.cg (bypass L1) instead of .ca; on trial (bench/ab_sparse_attn.py --knobs)
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -118,7 +118,7 @@ class BlockGather:
         per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
         order, groups = self.gather_order(), self.gather_groups()
         assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
-        atom = gather_atom(self.dt, self.GATHER_CG)
+        atom = gather_atom(self.dt)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]

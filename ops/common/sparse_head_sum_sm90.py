@@ -70,7 +70,6 @@ class SparseHeadSumSm90:
     PROMOTE_LAG = False  # pipeline the promoted groups (a third accumulator)
     MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
     HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
-    GATHER_CG = 0        # 1: the key rows by cp.async.cg (bypass L1) instead of .ca; on trial
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
@@ -240,7 +239,7 @@ class SparseHeadSumSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
                 for tQs, tQg in q_tiles:
                     cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
-            atom = gather_atom(self.dt, self.GATHER_CG)
+            atom = gather_atom(self.dt)
             if cutlass.const_expr(self.varlen):
                 gKv = mKv[None, None, 0]
             else:

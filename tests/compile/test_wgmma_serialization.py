@@ -46,16 +46,8 @@ KERNELS = {
                                    "m.compile_variant(m.variant_key(576, 128, True, True))",
     "sparse_attn_fwd": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True))",
-    "sparse_attn_fwd_trial_knobs": "from ops.dsa.sparse_attn import fwd as m, fwd_sm90 as k; import cutlass.cute as "
-                                   "cute; from ops.common.tensors import COMPILE_OPTIONS as o; key = m.variant_key(576, "
-                                   "512, 128, True, True, True); cls = type('E', (k.SparseAttnFwdSm90,), "
-                                   "{'ELECT_RELEASE': 1, 'GATHER_CG': 1, 'LATE_RELEASE': 1}); cute.compile(cls(*key), *m.fake_args(key), "
-                                   "options=o)",
-    "sparse_attn_fwd_grouped": "from ops.dsa.sparse_attn import fwd as m, fwd_sm90 as k; import cutlass.cute as "
-                               "cute; from ops.common.tensors import COMPILE_OPTIONS as o; key = m.variant_key(576, "
-                               "512, 128, False, True, True); cls = type('E', (k.SparseAttnFwdSm90,), "
-                               "{'GROUPED': 1, 'ELECT_RELEASE': 1, 'LATE_RELEASE': 1}); cute.compile(cls(*key), "
-                               "*m.fake_args(key), options=o)",
+    "sparse_attn_fwd_varlen": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, "
+                              "128, True, True, True))",
     "sparse_attn_bwd": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True, False))",
     "sparse_attn_bwd_deterministic": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, "

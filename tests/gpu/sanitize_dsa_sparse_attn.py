@@ -15,7 +15,7 @@ from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
 
 
 def main():
-    for kv_ in filter(None, os.environ.get("SANITIZE_KNOBS", "").split(",")):   # e.g. ELECT_RELEASE=1,GATHER_CG=1
+    for kv_ in filter(None, os.environ.get("SANITIZE_KNOBS", "").split(",")):   # e.g. LAG=2
         name, value = kv_.split("=")
         setattr(fwd_sm90.SparseAttnFwdSm90, name, int(value))
         print(f"sanitize_dsa_sparse_attn: {name} = {value}")

@@ -181,24 +181,3 @@ def test_cuda_graph_capture(kind, H, D):
     ex, ex_t = reference(kind, q, k, c, idx, torch.float64, scale=0.05)
     assert not torch.isnan(s).any() and not torch.isnan(st).any()
     assert rel_rms(s, ex) < 1e-5 and rel_rms(st, ex_t) < 1e-5
-
-
-
-@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3]])
-def test_gather_cg_bitwise(monkeypatch, kind, H, D):
-    """GATHER_CG (key rows by cp.async.cg, bypassing L1; on trial) moves the same bytes: scores and statistics
-    bitwise equal to the default kernel's, with invalid slots, topk_length and several blocks a row."""
-    from ops.dsa.attn_score import sparse as attn_seam, sparse_sm90 as attn_k
-    from ops.dsa.indexer import sparse as idx_seam, sparse_sm90 as idx_k
-    seam, cls = (idx_seam, idx_k.SparseIndexerScoreSm90) if kind == "indexer" else \
-        (attn_seam, attn_k.SparseAttnScoreSm90)
-    q, k, c = inputs(kind, (2, 40), 900, H, D, 320, 23)
-    idx = indices((2, 40), 320, 900)
-    tl = torch.randint(0, 330, (2, 40), device=DEV, dtype=torch.int32)
-    outs = []
-    for cg in (0, 1):
-        monkeypatch.setattr(cls, "GATHER_CG", cg)
-        monkeypatch.setattr(seam, "_CACHE", {})
-        outs.append(run(kind, q, k, c, idx, topk_length=tl, scale=1 / 24))
-    for a, b in zip(*outs):
-        assert not torch.isnan(b).any() and torch.equal(a, b), "GATHER_CG changed the result"

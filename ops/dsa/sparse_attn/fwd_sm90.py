@@ -15,14 +15,17 @@ memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), an
 
 Tiling. One CTA = one query row and one group of 64 heads (grid y = H / 64; 128 heads = two CTAs that gather the
 same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
-blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB, one
-full and one empty mbarrier each) into one of two block slots: block n in slot n % 2. The row's blocks are taken in
+blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
+one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
+of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
+kernel groups them: 4 stages a pair. The row's blocks are taken in
 pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3 warpgroups:
   - warpgroup 0 (producer): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the rows with cp.async
     (indices loaded a pair ahead), zero-fill the pieces of invalid slots, write each block's gathered rows (sRows[n %
-    2], -1 where invalid, before its chunk 0 is published) and publish chunk g LAG chunks later
-    (gather_sm90.BlockGather). Fill order of a pair (a = 2i in slot 0, b = 2i + 1 in slot 1): a's chunks 0-3, b's
-    4-8, a's 4-8, b's 0-3 (the order the two consumers free and read them).
+    2], -1 where invalid, before its chunk 0 is published) and publish group g LAG groups later, by cp.async.cg
+    (L2 only: gather_sm90.gather_atom; gather_sm90.BlockGather). Fill order of
+    a pair (a = 2i in slot 0, b = 2i + 1 in slot 1): a's chunks 0-3, b's 4-8, a's 4-8, b's 0-3 (the order the two
+    consumers free and read them).
   - warpgroups 1 and 2 (consumers W0, W1), ping-pong over the pair: W0 owns block a, W1 block b. Each takes its own
     block's S = Q K^T whole (wgmma m64 n64 k16 over the NC chunks; W1 starts at chunk 4), masks and scales it, and
     computes its P in fp32 against the running max chained through the pair: W0's max m0 = max(m_prev, max S_a),
@@ -53,11 +56,12 @@ next M0, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in 
 (block a's rope columns: read only by W0's own Q K^T, retired before the write; V never reads them); Dqk 512 gives
 it 8 KiB of its own. Written by W0 before S0, read by W1's wgmma after it; its bytes are refilled (576) or
 rewritten (512) only after W1's P V on it retired (W1 releases slot 0's chunks after that wait; 512: the next
-M1). kv chunks: cp.async / zero stores ordered by the full mbarrier (128 producer arrivals); every consumer
-thread arrives once on each chunk's empty mbarrier per block (256 arrivals), after its last read of that chunk and
-only after waiting on the chunk's full barrier of the same block itself (so an arrival can never count toward the
-block before: a chunk a consumer never reads it waits on, already complete, and frees at once); a consumer also
-waits itself on the other slot's chunks before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
+M1). kv chunk groups: cp.async / zero stores ordered by the group's full mbarrier (128 producer arrivals); every
+consumer thread arrives once on each group's empty mbarrier per block (256 arrivals), after its last read of every
+chunk of the group (released_groups: the done() call that covers the group's last chunk) and only after waiting on
+the group's full barrier of the same block itself (so an arrival can never count toward the block before: a group
+a consumer never reads it waits on, already complete, and frees at once); a consumer also waits itself on the other
+slot's groups before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
 wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1
 comes before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points
 together); the model in
@@ -74,19 +78,14 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status: verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt): tests/gpu/test_dsa_sparse_attn.py
-36 passed, compute-sanitizer racecheck 0 hazards and memcheck 0 errors (named-barrier handoffs had given 4 / 12
-racecheck hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lockstep kernel it replaced
-(bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.88 vs 3.18 ms (406 vs 367 TFLOP/s), H 128 5.76 vs
-6.24 ms (406 vs 375); outputs within 2e-3 of each other. Issuing W0's next S behind its last P V (QK_EARLY, removed)
-was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP/s.
-Knobs on trial (class attributes, 0 = the form above; tests/gpu/check_gather_trials.sh): ELECT_RELEASE (done(): all
-lanes wait, then lane 0 arrives with a count of 32 after a syncwarp, so a chunk's empty barrier still completes at 256
-arrivals), GATHER_CG (the gather by cp.async.cg), LATE_RELEASE (release_first / release_second behind the issued P V
-instead of on the handoff chain), GROUPED (a pipeline stage is a chunk group, gather_groups(): V-left and the rest,
-4 stages a pair instead of 18; a consumer frees a group by the call that covers its last chunk, released_groups();
-LAG_GROUPED groups in flight). The protocol model (tests/test_sparse_attn_pingpong_protocol.py) runs LATE_RELEASE
-and GROUPED. Not yet run on a GPU.
+Status: the ping-pong with mbarrier handoffs verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt):
+tests/gpu/test_dsa_sparse_attn.py 36 passed, racecheck 0 hazards, memcheck 0 errors (named-barrier handoffs had
+given 4 / 12 racecheck hazards on sRed, H100 / H200). Chunk groups and cp.async.cg (2026-12-05 17:05, H100,
+perf/gather_trials_2026-12-05T1705.txt; knobs then, bitwise equal to the per-chunk .ca form in the tests, racecheck 0
+and memcheck 0 with both on): Sq 4K, Skv 8K, top-k 2048, 576/512, H 128, same run: per-chunk .ca 5.66 ms = 413
+TFLOP/s, .cg 515, groups 455, both 556. Tried and dropped: one lane a warp arriving with a count of 32 (562 vs 556
+with both, within run-to-run spread; 395 vs 411 alone), releases moved behind an issued P V (532 vs 556), W0's next
+S behind its last P V (383-400 vs 406), producer lags of 6 and 8 chunks (within 1 %). Issue 11 target: 550 TFLOP/s.
 """
 import math
 
@@ -121,19 +120,14 @@ PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 56 + 2 x 224 = 504 = 3 x 168: 
 class SparseAttnFwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
-    LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
-    #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
+    LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
     GATHER_PERIOD = 2
-    ELECT_RELEASE = 0  # 1: one lane a warp arrives on a chunk's empty barrier, for all 32 (done()); on trial
-    LATE_RELEASE = 0   # 1: the releases on the consumers' handoff chain moved behind an issued P V; on trial
-    GROUPED = 0        # 1: a pipeline stage is a chunk group (V-left, the rest), not a chunk; on trial
-    LAG_GROUPED = 1    # GROUPED: groups in flight per producer thread before the oldest is published
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
         self.D, self.Dv, self.H = head_dim, v_head_dim, heads
         self.NC = head_dim // DC
-        self.G = len(self.gather_groups())        # pipeline stages a block (NC, or 2 with GROUPED)
+        self.G = len(self.gather_groups())        # pipeline stages a block (2: V-left and the rest)
         self.stages = 2 * self.G                  # pipeline stages: 2 block slots x G
         self.bufs = 2 * self.NC                   # chunk buffers: 2 block slots x NC chunks
         self.varlen, self.has_length, self.has_sink = varlen, has_length, has_sink
@@ -142,35 +136,26 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         self.s0_in_rope = self.NC == 9            # sS0 in slot 0's chunk 8 (Dqk 576), else its own buffer
 
     def gather_order(self):
-        """A pair's fill order: block a's V-left chunks (W0 reads them first and frees them first), block b's
-        chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last, by W0's second P V);
-        GROUPED: the same four groups as four stages."""
-        if self.GROUPED:
-            return ((0, 0), (1, 1), (0, 1), (1, 0))
-        NC = self.NC
-        return (tuple((0, c) for c in range(VQ)) + tuple((1, c) for c in range(VQ, NC))
-                + tuple((0, c) for c in range(VQ, NC)) + tuple((1, c) for c in range(VQ)))
+        """A pair's fill order, (block of the pair, group): block a's V-left chunks (W0 reads them first and frees
+        them first), block b's chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last,
+        by W0's second P V)."""
+        return ((0, 0), (1, 1), (0, 1), (1, 0))
 
     def gather_groups(self):
-        """GROUPED: two stages a block, the V-left chunks and the rest; else one a chunk."""
-        if self.GROUPED:
-            return (tuple(range(VQ)), tuple(range(VQ, self.D // DC)))
-        return tuple((c,) for c in range(self.D // DC))
+        """Two pipeline stages a block: the V-left chunks 0-3 and the rest (V-right and, at Dqk 576, the rope)."""
+        return (tuple(range(VQ)), tuple(range(VQ, self.D // DC)))
 
     def group_of(self, c):
         return [g for g, cs in enumerate(self.gather_groups()) if c in cs][0]
 
     def buffer_index(self, n, c, st):
-        """Chunk c of block n lives in buffer (n % 2) NC + c (the stage's own index when every chunk is a stage)."""
-        return self.buf(n, c, st.index)
-
-    def buf(self, n, c, stage):
-        return (n % 2) * self.NC + c if self.GROUPED else stage
+        """Chunk c of block n lives in chunk buffer (n % 2) NC + c."""
+        return (n % 2) * self.NC + c
 
     def released_groups(self, chunks, prior=()):
         """The groups a consumer frees when its last reads of `chunks` of a block are behind it, `prior` the chunks of
         that block it freed before: each group all of whose chunks are in prior + chunks, not all in prior (in order
-        of first appearance; one a chunk without GROUPED)."""
+        of first appearance)."""
         groups, out = self.gather_groups(), []
         for c in chunks:
             g = self.group_of(c)
@@ -184,9 +169,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             if self.group_of(c) not in out:
                 out.append(self.group_of(c))
         return tuple(out)
-
-    def gather_lag(self):
-        return self.LAG_GROUPED if self.GROUPED else self.LAG
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -421,8 +403,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
         cute.arch.mbarrier_wait(x_bar + M1, ph)                    # m1 written by W1
         warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
-        if cutlass.const_expr(not self.LATE_RELEASE):
-            self.release_first(pipe, n)
+        self.release_first(pipe, n)
         for r in cutlass.range_constexpr(2):
             m1 = sRed[1, s_id[r, 0][0]]
             m1_use = Float32(cutlass.select_(m1 == -Float32.inf, Float32(0.0), m1))
@@ -444,8 +425,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         rescale_rows(acc_mn_view(acc_o), corr)
         warpgroup.fence()
         self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
-        if cutlass.const_expr(self.LATE_RELEASE):
-            self.release_first(pipe, n)                            # under the P V on sS1, off the S0 chain
         warpgroup.wait_group(0)
         self.done(pipe, n + 1, tuple(range(VQ)), tuple(range(VQ, NC)))     # slot 1's V-left read
 
@@ -477,8 +456,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.wait_group(0)
             s_mn = acc_mn_view(acc_s)
             self.mask_scale(s_mn, s_id, sRows, 1, scale_log2, corr)          # reads sRows[1] before chunk 0 is freed
-            if cutlass.const_expr(not self.LATE_RELEASE):
-                self.release_second(pipe, n)
+            self.release_second(pipe, n)
             cute.arch.mbarrier_wait(x_bar + M0, ph)                    # m0 written by W0
             for r in cutlass.range_constexpr(2):
                 m_new = cute.arch.fmax(cute.arch.fmax(row_max[r], sRed[0, s_id[r, 0][0]]), corr[r])
@@ -494,8 +472,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             cute.arch.mbarrier_arrive(x_bar + S1)                      # sS1 -> W0
             warpgroup.fence()
             self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
-            if cutlass.const_expr(self.LATE_RELEASE):
-                self.release_second(pipe, n)                           # under the own P V, off the M1 / S1 chain
             cute.arch.mbarrier_wait(x_bar + S0, ph)                    # sS0 complete
             self.wait_chunks(pipe, n - 1, tuple(range(VQ, 2 * VQ)))    # slot 0's V-right (complete: W0 read them)
             warpgroup.fence()
@@ -524,7 +500,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         kpc = DC // 16
         waits = tuple(j == 0 or self.group_of(chunks[j]) != self.group_of(chunks[j - 1]) for j in range(len(chunks)))
         gemm_chunks(pipe, lambda c: self.state(n, self.group_of(c), False), chunks, qk_mma, qk_mma_acc, acc_s,
-                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, self.buf(n, c, stage)]),
+                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, self.buffer_index(n, c, None)]),
                     kpc, waits)
 
     @cute.jit
@@ -547,23 +523,12 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         """This thread's last read of block n's chunks is behind it (`prior`: the chunks of block n it freed before):
         for each group this completes (released_groups), wait its full barrier of block n (already complete when
         read before; a group never read is published by then too, the fill order being ahead), then arrive on its
-        empty barrier. ELECT_RELEASE: the warp's lanes meet first (syncwarp: every lane's reads, generic and retired
-        wgmma alike, come before it), every lane waits (no divergent branch), lane 0 alone arrives, with a count of
-        32 (the barrier still expects 256 arrivals: 8 warps x 32)."""
+        empty barrier."""
         groups = self.released_groups(chunks, prior)
-        if cutlass.const_expr(self.ELECT_RELEASE):
-            cute.arch.sync_warp()
-            lead = cute.arch.lane_idx() == 0
-            for j in cutlass.range_constexpr(len(groups)):
-                st = self.state(n, groups[j], False)
-                pipe.consumer_wait(st)
-                if lead:
-                    cute.arch.mbarrier_arrive(pipe.consumer_get_barrier(st), arrive_count=32)
-        else:
-            for j in cutlass.range_constexpr(len(groups)):
-                st = self.state(n, groups[j], False)
-                pipe.consumer_wait(st)
-                pipe.consumer_release(st)
+        for j in cutlass.range_constexpr(len(groups)):
+            st = self.state(n, groups[j], False)
+            pipe.consumer_wait(st)
+            pipe.consumer_release(st)
 
     @cute.jit
     def mask_scale(self, s_mn, s_id, sRows, slot: cutlass.Constexpr, scale_log2: Float32, blk_max):
