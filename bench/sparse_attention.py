@@ -11,10 +11,10 @@ H 64 on 2026-12-02), and ours in deterministic mode (deterministic=True, 1 GiB s
 key in a fixed order; its line "ours det"). Timing: bench/timing.device_time (median of CUDA-event times).
 The eager peer: per chunk of 128 rows, gather kv[idx] ([R, K, Dqk] bf16), bf16 matmuls with fp32 softmax.
 
---lags N ... times our kernel once per producer lag (SparseAttnFwdSm90.LAG: chunks of cp.async in flight per producer
-thread), the peer once.
+--lags N ... times our kernel once per producer lag (SparseAttnFwdSm90.LAG: chunk groups of cp.async in flight per
+producer thread, 1..4), the peer once.
 --ncu: the first row's kernel once, for `ncu --launch-count 1`.
-Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--lags 3 6 ...] [--ncu] [--bwd]
+Run:  python bench/sparse_attention.py [--iters N] [--csv PATH] [--rows SUBSTRING ...] [--lags 1 2 ...] [--ncu] [--bwd]
 """
 import argparse
 import csv

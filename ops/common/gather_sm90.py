@@ -27,6 +27,14 @@ def find_sequence(mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
     return lo
 
 
+def gather_atom(dt):
+    """The 16-byte cp.async atom of the gathering producers: cp.async.cg (LDGSTS.BYPASS: L2 only, no L1 line
+    allocated; a gathered row is read once per CTA). Same-run A/B against cp.async.ca on an H100, 2026-12-05
+    (perf/gather_trials_2026-12-05T1705.txt): sparse attention forward 1.25x, backward 1.05x, sparse attention-score
+    recompute 1.08-1.09x, sparse indexer recompute 1.02x, indexer backwards 1.00-1.01x; results bitwise equal."""
+    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
+
+
 @cute.jit
 def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Constexpr):
     """Ring buffer `index`'s cp.async group retired (this thread's: at most `pending` newer groups still in flight),
@@ -39,15 +47,18 @@ def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Cons
 
 
 @cute.jit
-def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, operands, kpc: cutlass.Constexpr):
+def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, operands, kpc: cutlass.Constexpr,
+                waits: cutlass.Constexpr = None):
     """The consumer side of a chunk pipeline: acc (+)= the chunks' products, one committed wgmma group. For each
-    chunk c of `chunks` (in that order): wait the full barrier of state_of(c), fence, then its kpc k-blocks,
-    operands(c, kb, stage) -> (A, B) fragments of chunk c's k-block kb in ring stage `stage`. The first k-block
-    overwrites acc (mma); the rest accumulate."""
+    chunk c of `chunks` (in that order): wait the full barrier of state_of(c) (only where waits[j], when given: a
+    stage of several chunks is waited on once), fence, then its kpc k-blocks, operands(c, kb, stage) -> (A, B)
+    fragments of chunk c's k-block kb in ring stage `stage`. The first k-block overwrites acc (mma); the rest
+    accumulate."""
     for j in cutlass.range_constexpr(len(chunks)):
         c = chunks[j]
         st = state_of(c)
-        pipe.consumer_wait(st)
+        if cutlass.const_expr(waits is None or waits[j]):
+            pipe.consumer_wait(st)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(kpc):
             a, b = operands(c, kb, st.index)
@@ -85,18 +96,29 @@ class BlockGather:
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
 
     def gather_order(self):
-        """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, chunk) pairs, each
-        chunk of each block once. Default: one block, chunks in column order."""
-        return tuple((0, c) for c in range(self.NC))
+        """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
+        group of each block once. Default: one block, groups in column order."""
+        return tuple((0, g) for g in range(len(self.gather_groups())))
+
+    def gather_groups(self):
+        """A block's chunks in pipeline stages: a tuple of chunk tuples, one full / empty barrier pair each (published
+        when all its chunks are written, freed when every consumer is done with all of them). Default: every chunk
+        its own stage."""
+        return tuple((c,) for c in range(self.NC))
+
+    def buffer_index(self, n, c, st):
+        """The shared-memory buffer (gather_dst's index) of chunk c of block n, st the pipeline state of its group.
+        Default: the stage's own index (one chunk a stage)."""
+        return st.index
 
     @cute.jit
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
                 row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sRows=None):
         """n_blk: a multiple of GATHER_PERIOD (blocks past the row's slots are zero-filled and marked invalid)."""
         per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
-        order = self.gather_order()
-        assert sorted(order) == [(b, c) for b in range(PER) for c in range(self.NC)] and lag <= len(order)
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+        order, groups = self.gather_order(), self.gather_groups()
+        assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
+        atom = gather_atom(self.dt)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]
@@ -113,25 +135,27 @@ class BlockGather:
             for b in cutlass.range_constexpr(PER):
                 self.load_slots(raw, mIdx, batch, row, n0 + PER + b, row_len, tidx, b)
             for e in cutlass.range_constexpr(len(order)):
-                b, c = order[e]
-                st = self.state(n0 + b, c, True)
+                b, g = order[e]
+                st = self.state(n0 + b, g, True)
                 pipe.producer_acquire(st)
-                if cutlass.const_expr(c == 0 and sRows is not None):
+                if cutlass.const_expr(0 in groups[g] and sRows is not None):
                     self.publish_rows(sRows, rows, n0 + b, tidx, b)
-                for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
-                    dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row, st.index)
-                    if rows[p, b] >= 0:
-                        src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
-                        cute.copy(atom, src, dst)
-                    else:
-                        cute.autovec_copy(zero, dst)
+                for c in groups[g]:
+                    for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
+                        dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row,
+                                              self.buffer_index(n0 + b, c, st))
+                        if rows[p, b] >= 0:
+                            src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
+                            cute.copy(atom, src, dst)
+                        else:
+                            cute.autovec_copy(zero, dst)
                 cute.arch.cp_async_commit_group()
                 if cutlass.const_expr(e >= lag):
-                    bp, cp = order[e - lag]
-                    publish(pipe, self.stages, self.state(n0 + bp, cp, True).index, lag)
-            for j in cutlass.range_constexpr(lag):              # the period's last `lag` chunks, oldest first
-                bp, cp = order[len(order) - lag + j]
-                publish(pipe, self.stages, self.state(n0 + bp, cp, True).index, lag - 1 - j)
+                    bp, gp = order[e - lag]
+                    publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag)
+            for j in cutlass.range_constexpr(lag):              # the period's last `lag` groups, oldest first
+                bp, gp = order[len(order) - lag + j]
+                publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag - 1 - j)
 
     @cute.jit
     def publish_rows(self, sRows: cute.Tensor, rows, n: Int32, tidx: Int32, b: cutlass.Constexpr = 0):

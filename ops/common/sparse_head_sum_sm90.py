@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .gather_sm90 import find_sequence, publish
+from .gather_sm90 import find_sequence, gather_atom, publish
 from .head_sum_sm90 import block_accumulators, consumer_operands, mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
@@ -239,7 +239,7 @@ class SparseHeadSumSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
                 for tQs, tQg in q_tiles:
                     cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
-            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dt, num_bits_per_copy=128)
+            atom = gather_atom(self.dt)
             if cutlass.const_expr(self.varlen):
                 gKv = mKv[None, None, 0]
             else:

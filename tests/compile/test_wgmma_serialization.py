@@ -46,6 +46,8 @@ KERNELS = {
                                    "m.compile_variant(m.variant_key(576, 128, True, True))",
     "sparse_attn_fwd": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True))",
+    "sparse_attn_fwd_varlen": "from ops.dsa.sparse_attn import fwd as m; m.compile_variant(m.variant_key(576, 512, "
+                              "128, True, True, True))",
     "sparse_attn_bwd": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, 512, 128, "
                        "False, True, True, False))",
     "sparse_attn_bwd_deterministic": "from ops.dsa.sparse_attn import bwd as m; m.compile_variant(m.variant_key(576, "

@@ -1,6 +1,6 @@
 """One small config per sparse attention forward flavour (dense with topk_length, sink and invalid slots; THD with
 an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left
-unwritten (NaN)."""
+unwritten (NaN). SANITIZE_KNOBS="NAME=INT,..." sets class knobs of the kernel first (the knobs on trial)."""
 import os
 import sys
 
@@ -10,10 +10,15 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from ops.dsa.sparse_attn import fwd_sm90  # noqa: E402
 from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
 
 
 def main():
+    for kv_ in filter(None, os.environ.get("SANITIZE_KNOBS", "").split(",")):   # e.g. LAG=2
+        name, value = kv_.split("=")
+        setattr(fwd_sm90.SparseAttnFwdSm90, name, int(value))
+        print(f"sanitize_dsa_sparse_attn: {name} = {value}")
     torch.manual_seed(0)
     dev, nan = "cuda", float("nan")
     stream = torch.cuda.current_stream().cuda_stream

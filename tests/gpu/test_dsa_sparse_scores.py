@@ -181,4 +181,3 @@ def test_cuda_graph_capture(kind, H, D):
     ex, ex_t = reference(kind, q, k, c, idx, torch.float64, scale=0.05)
     assert not torch.isnan(s).any() and not torch.isnan(st).any()
     assert rel_rms(s, ex) < 1e-5 and rel_rms(st, ex_t) < 1e-5
-

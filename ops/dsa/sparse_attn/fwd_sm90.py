@@ -15,14 +15,17 @@ memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), an
 
 Tiling. One CTA = one query row and one group of 64 heads (grid y = H / 64; 128 heads = two CTAs that gather the
 same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
-blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB, one
-full and one empty mbarrier each) into one of two block slots: block n in slot n % 2. The row's blocks are taken in
+blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
+one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
+of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
+kernel groups them: 4 stages a pair. The row's blocks are taken in
 pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3 warpgroups:
   - warpgroup 0 (producer): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the rows with cp.async
     (indices loaded a pair ahead), zero-fill the pieces of invalid slots, write each block's gathered rows (sRows[n %
-    2], -1 where invalid, before its chunk 0 is published) and publish chunk g LAG chunks later
-    (gather_sm90.BlockGather). Fill order of a pair (a = 2i in slot 0, b = 2i + 1 in slot 1): a's chunks 0-3, b's
-    4-8, a's 4-8, b's 0-3 (the order the two consumers free and read them).
+    2], -1 where invalid, before its chunk 0 is published) and publish group g LAG groups later, by cp.async.cg
+    (L2 only: gather_sm90.gather_atom; gather_sm90.BlockGather). Fill order of
+    a pair (a = 2i in slot 0, b = 2i + 1 in slot 1): a's chunks 0-3, b's 4-8, a's 4-8, b's 0-3 (the order the two
+    consumers free and read them).
   - warpgroups 1 and 2 (consumers W0, W1), ping-pong over the pair: W0 owns block a, W1 block b. Each takes its own
     block's S = Q K^T whole (wgmma m64 n64 k16 over the NC chunks; W1 starts at chunk 4), masks and scales it, and
     computes its P in fp32 against the running max chained through the pair: W0's max m0 = max(m_prev, max S_a),
@@ -53,11 +56,12 @@ next M0, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in 
 (block a's rope columns: read only by W0's own Q K^T, retired before the write; V never reads them); Dqk 512 gives
 it 8 KiB of its own. Written by W0 before S0, read by W1's wgmma after it; its bytes are refilled (576) or
 rewritten (512) only after W1's P V on it retired (W1 releases slot 0's chunks after that wait; 512: the next
-M1). kv chunks: cp.async / zero stores ordered by the full mbarrier (128 producer arrivals); every consumer
-thread arrives once on each chunk's empty mbarrier per block (256 arrivals), after its last read of that chunk and
-only after waiting on the chunk's full barrier of the same block itself (so an arrival can never count toward the
-block before: a chunk a consumer never reads it waits on, already complete, and frees at once); a consumer also
-waits itself on the other slot's chunks before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
+M1). kv chunk groups: cp.async / zero stores ordered by the group's full mbarrier (128 producer arrivals); every
+consumer thread arrives once on each group's empty mbarrier per block (256 arrivals), after its last read of every
+chunk of the group (released_groups: the done() call that covers the group's last chunk) and only after waiting on
+the group's full barrier of the same block itself (so an arrival can never count toward the block before: a group
+a consumer never reads it waits on, already complete, and frees at once); a consumer also waits itself on the other
+slot's groups before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
 wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1
 comes before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points
 together); the model in
@@ -74,12 +78,16 @@ out bf16 [B,Sq,H,Dv], lse fp32 [B,H,Sq]. THD: q [Tq,H,Dqk], kv [Tkv,Dqk], idx [T
 topk_length [Tq], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; a row finds its sequence by a warp-wide
 search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
-Status: verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt): tests/gpu/test_dsa_sparse_attn.py
-36 passed, compute-sanitizer racecheck 0 hazards and memcheck 0 errors (named-barrier handoffs had given 4 / 12
-racecheck hazards on sRed, H100 / H200, before the mbarriers). Same-run A/B against the lockstep kernel it replaced
-(bench/ab_sparse_attn.py, Sq 4K, Skv 8K, top-k 2048, 576/512): H 64 2.88 vs 3.18 ms (406 vs 367 TFLOP/s), H 128 5.76 vs
-6.24 ms (406 vs 375); outputs within 2e-3 of each other. Issuing W0's next S behind its last P V (QK_EARLY, removed)
-was no faster in three runs (H 128: 383-400 TFLOP/s). Issue 11 target: 550 TFLOP/s.
+Status: the ping-pong with mbarrier handoffs verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt):
+tests/gpu/test_dsa_sparse_attn.py 36 passed, racecheck 0 hazards, memcheck 0 errors (named-barrier handoffs had given 4
+/ 12 racecheck hazards on sRed, H100 / H200). Chunk groups and cp.async.cg (2026-12-05 17:05, H100,
+perf/gather_trials_2026-12-05T1705.txt; knobs then, bitwise equal to the per-chunk .ca form in the tests, racecheck 0
+and memcheck 0 with them on): Sq 4K, Skv 8K, top-k 2048, 576/512, H 128, same run: per-chunk .ca 5.66 ms = 413 TFLOP/s,
+.cg 515, groups 455, both 556. This form, H100 17:17 (perf/gather_defaults_2026-12-05T1717.txt): tests 35 passed,
+racecheck 0, memcheck 0; bench/sparse_attention.py 553 TFLOP/s at Skv 8K, 507 at 32K, 431 at 64K. Tried and dropped: one
+lane a warp arriving with a count of 32 (562 vs 556 with both, within run-to-run spread; 395 vs 411 alone), releases
+moved behind an issued P V (532 vs 556), W0's next S behind its last P V (383-400 vs 406), producer lags of 6 and 8
+chunks (within 1 %). Issue 11 target: 550 TFLOP/s.
 """
 import math
 
@@ -114,26 +122,55 @@ PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 56 + 2 x 224 = 504 = 3 x 168: 
 class SparseAttnFwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
-    LAG = 3        # chunks of cp.async in flight per producer thread before the oldest is published;
-    #                H200 2026-12-03 (lockstep kernel): 3, 6 and 8 within 1 %
+    LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
     GATHER_PERIOD = 2
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
         self.D, self.Dv, self.H = head_dim, v_head_dim, heads
         self.NC = head_dim // DC
-        self.stages = 2 * self.NC                 # pipeline stages: 2 block slots x NC chunks
+        self.G = len(self.gather_groups())        # pipeline stages a block (2: V-left and the rest)
+        self.stages = 2 * self.G                  # pipeline stages: 2 block slots x G
+        self.bufs = 2 * self.NC                   # chunk buffers: 2 block slots x NC chunks
         self.varlen, self.has_length, self.has_sink = varlen, has_length, has_sink
         self.dt = cutlass.BFloat16
         self.pieces = BK * DC // PIECE // 128     # cp.async pieces per producer thread per chunk (4)
         self.s0_in_rope = self.NC == 9            # sS0 in slot 0's chunk 8 (Dqk 576), else its own buffer
 
     def gather_order(self):
-        """A pair's fill order: block a's V-left chunks (W0 reads them first and frees them first), block b's
-        chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last, by W0's second P V)."""
-        NC = self.NC
-        return (tuple((0, c) for c in range(VQ)) + tuple((1, c) for c in range(VQ, NC))
-                + tuple((0, c) for c in range(VQ, NC)) + tuple((1, c) for c in range(VQ)))
+        """A pair's fill order, (block of the pair, group): block a's V-left chunks (W0 reads them first and frees
+        them first), block b's chunks 4.. (W1's Q K^T starts there), a's chunks 4.., b's V-left chunks (read last,
+        by W0's second P V)."""
+        return ((0, 0), (1, 1), (0, 1), (1, 0))
+
+    def gather_groups(self):
+        """Two pipeline stages a block: the V-left chunks 0-3 and the rest (V-right and, at Dqk 576, the rope)."""
+        return (tuple(range(VQ)), tuple(range(VQ, self.D // DC)))
+
+    def group_of(self, c):
+        return [g for g, cs in enumerate(self.gather_groups()) if c in cs][0]
+
+    def buffer_index(self, n, c, st):
+        """Chunk c of block n lives in chunk buffer (n % 2) NC + c."""
+        return (n % 2) * self.NC + c
+
+    def released_groups(self, chunks, prior=()):
+        """The groups a consumer frees when its last reads of `chunks` of a block are behind it, `prior` the chunks of
+        that block it freed before: each group all of whose chunks are in prior + chunks, not all in prior (in order
+        of first appearance)."""
+        groups, out = self.gather_groups(), []
+        for c in chunks:
+            g = self.group_of(c)
+            if g not in out and set(groups[g]) <= set(prior) | set(chunks) and not set(groups[g]) <= set(prior):
+                out.append(g)
+        return tuple(out)
+
+    def touched_groups(self, chunks):
+        out = []
+        for c in chunks:
+            if self.group_of(c) not in out:
+                out.append(self.group_of(c))
+        return tuple(out)
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -164,7 +201,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         pv_ss = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), tiler_mn=(HG, VH))
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (HG, BK, D), dt, 1)
         # one chunk: 64 keys x 64 columns, 128-byte rows (K-major for Q K^T)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, BK, DC), dt, self.stages)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (HG, BK, DC), dt, self.bufs)
         # V of one consumer: 4 consecutive chunks read as one MN-major 256-column x 64-key tile (the layout tiles K
         # first, so its 64-column atoms sit 8 KiB apart: the chunks)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (HG, VH, BK), dt, 1)
@@ -368,8 +405,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         self.issue_pv(pv_rs, acc_o, p_operand_view(rP, BK), tOrV_own)
         cute.arch.mbarrier_wait(x_bar + M1, ph)                    # m1 written by W1
         warpgroup.wait_group(0)                                    # own P V retired: rP and acc_o free
-        self.done(pipe, n, tuple(range(2 * VQ)))                   # slot 0: Q K^T and V-left read, V-right never
-        self.done(pipe, n + 1, tuple(range(VQ, NC)))               # slot 1: W0 never reads these
+        self.release_first(pipe, n)
         for r in cutlass.range_constexpr(2):
             m1 = sRed[1, s_id[r, 0][0]]
             m1_use = Float32(cutlass.select_(m1 == -Float32.inf, Float32(0.0), m1))
@@ -384,7 +420,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         cute.copy(r2s, thr_r2s.retile(rP), thr_r2s.partition_D(sS[0]))
         cute.arch.fence_proxy("async.shared", space="cta")       # this thread's P stores -> wgmma (async proxy)
         if cutlass.const_expr(self.s0_in_rope):
-            self.done(pipe, n, (NC - 1,))                          # chunk 8 now holds sS0 (W1 frees it last)
+            self.done(pipe, n, (NC - 1,), tuple(range(2 * VQ)))   # chunk 8 now holds sS0 (W1 frees it last)
         cute.arch.mbarrier_arrive(x_bar + S0)                      # sS0 -> W1, and this thread's m1 reads are behind
         cute.arch.mbarrier_wait(x_bar + S1, ph)                    # sS1 complete
         self.wait_chunks(pipe, n + 1, tuple(range(VQ)))            # slot 1's V-left (complete: W1 read them)
@@ -392,7 +428,14 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         warpgroup.fence()
         self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
         warpgroup.wait_group(0)
-        self.done(pipe, n + 1, tuple(range(VQ)))                   # slot 1's V-left read
+        self.done(pipe, n + 1, tuple(range(VQ)), tuple(range(VQ, NC)))     # slot 1's V-left read
+
+    @cute.jit
+    def release_first(self, pipe, n: Int32):
+        """W0's releases of the pair once its own P V retired: slot 0's chunks 0-7 (Q K^T and V-left read, V-right
+        never) and slot 1's chunks VQ.. (never read by W0)."""
+        self.done(pipe, n, tuple(range(2 * VQ)))
+        self.done(pipe, n + 1, tuple(range(VQ, self.NC)))
 
     @cute.jit
     def consume_second(self, pipe, bars, sQ2, sK, sV, sS, sRed, sRows, mmas, scale_log2: Float32, ctid: Int32,
@@ -415,10 +458,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.wait_group(0)
             s_mn = acc_mn_view(acc_s)
             self.mask_scale(s_mn, s_id, sRows, 1, scale_log2, corr)          # reads sRows[1] before chunk 0 is freed
-            self.done(pipe, n, tuple(range(VQ)))                       # slot 1: V-left (W0's to read), Q K^T done
-            if cutlass.const_expr(self.s0_in_rope):
-                self.done(pipe, n, (NC - 1,))                          # slot 1's rope: Q K^T only
-            self.done(pipe, n - 1, tuple(range(VQ)))                   # slot 0's V-left: W1 never reads it
+            self.release_second(pipe, n)
             cute.arch.mbarrier_wait(x_bar + M0, ph)                    # m0 written by W0
             for r in cutlass.range_constexpr(2):
                 m_new = cute.arch.fmax(cute.arch.fmax(row_max[r], sRed[0, s_id[r, 0][0]]), corr[r])
@@ -439,19 +479,32 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             warpgroup.fence()
             self.issue_pv(pv_ss, acc_o, tOrS_other, tOrV_other)
             warpgroup.wait_group(1)                                    # own P V retired
-            self.done(pipe, n, tuple(range(VQ, 2 * VQ)))               # slot 1's V-right
+            self.done(pipe, n, tuple(range(VQ, 2 * VQ)),                 # slot 1's V-right
+                      tuple(range(VQ)) + ((NC - 1,) if self.s0_in_rope else ()))
             warpgroup.wait_group(0)                                    # P V on sS0 retired
-            self.done(pipe, n - 1, tuple(range(VQ, NC)))               # slot 0's V-right (and sS0 in its rope)
+            self.done(pipe, n - 1, tuple(range(VQ, NC)), tuple(range(VQ)))   # slot 0's V-right (and sS0 in its rope)
         return acc_o, row_max, row_sum, s_id
+
+    @cute.jit
+    def release_second(self, pipe, n: Int32):
+        """W1's releases once its Q K^T of block n retired: slot 1's V-left (W0's to read) and rope (Q K^T only),
+        slot 0's V-left (W1 never reads it)."""
+        self.done(pipe, n, tuple(range(VQ)))
+        if cutlass.const_expr(self.s0_in_rope):
+            self.done(pipe, n, (self.NC - 1,), tuple(range(VQ)))
+        self.done(pipe, n - 1, tuple(range(VQ)))
 
     # ------------------------------------------------------------------------------------------ consumer pieces
     @cute.jit
     def issue_qk(self, pipe, qk_mma, qk_mma_acc, acc_s, tSrQ, tSrK, n: Int32, chunks: cutlass.Constexpr):
-        """S(n) = Q K_n^T over the chunks in the given order: wait each chunk's full barrier, then its 4 k-blocks;
-        one committed group."""
+        """S(n) = Q K_n^T over the chunks in the given order (whole groups, contiguous): wait each group's full barrier
+        before its first chunk, then the chunks' 4 k-blocks each; one committed group."""
         kpc = DC // 16
-        gemm_chunks(pipe, lambda c: self.state(n, c, False), chunks, qk_mma, qk_mma_acc, acc_s,
-                    lambda c, kb, stage: (tSrQ[None, None, c * kpc + kb], tSrK[None, None, kb, stage]), kpc)
+        waits = tuple(j == 0 or self.group_of(chunks[j]) != self.group_of(chunks[j - 1]) for j in range(len(chunks)))
+        gemm_chunks(pipe, lambda c: self.state(n, self.group_of(c), False), chunks, qk_mma, qk_mma_acc, acc_s,
+                    lambda c, kb, _stage: (tSrQ[None, None, c * kpc + kb],
+                                           tSrK[None, None, kb, self.buffer_index(n, c, None)]),
+                    kpc, waits)
 
     @cute.jit
     def issue_pv(self, pv_mma: cute.TiledMma, acc_o, tOrP, tOrV):
@@ -464,16 +517,19 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     def wait_chunks(self, pipe, n: Int32, chunks: cutlass.Constexpr):
         """Wait on block n's full barriers of these chunks, before reading chunks the other consumer waited on (the
         handoff mbarrier already orders them: this makes each read's own wait local)."""
-        for j in cutlass.range_constexpr(len(chunks)):
-            pipe.consumer_wait(self.state(n, chunks[j], False))
+        groups = self.touched_groups(chunks)
+        for j in cutlass.range_constexpr(len(groups)):
+            pipe.consumer_wait(self.state(n, groups[j], False))
 
     @cute.jit
-    def done(self, pipe, n: Int32, chunks: cutlass.Constexpr):
-        """This thread's last read of block n's chunks is behind it: for each, wait its full barrier of block n
-        (already complete when read before; a chunk never read is published by then too, the fill order being
-        ahead), then arrive on its empty barrier."""
-        for j in cutlass.range_constexpr(len(chunks)):
-            st = self.state(n, chunks[j], False)
+    def done(self, pipe, n: Int32, chunks: cutlass.Constexpr, prior: cutlass.Constexpr = ()):
+        """This thread's last read of block n's chunks is behind it (`prior`: the chunks of block n it freed before):
+        for each group this completes (released_groups), wait its full barrier of block n (already complete when
+        read before; a group never read is published by then too, the fill order being ahead), then arrive on its
+        empty barrier."""
+        groups = self.released_groups(chunks, prior)
+        for j in cutlass.range_constexpr(len(groups)):
+            st = self.state(n, groups[j], False)
             pipe.consumer_wait(st)
             pipe.consumer_release(st)
 

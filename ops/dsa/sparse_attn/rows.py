@@ -23,11 +23,11 @@ class SlotRows:
     def lse_coord(self, batch, row, h):
         return (h, row) if cutlass.const_expr(self.varlen) else (batch, h, row)
 
-    def state(self, n, c, producer):
-        """Pipeline state of chunk c of block n: stage (n % 2) * NC + c, one fill every other block (two slots; the
-        backward, with one slot, overrides it)."""
+    def state(self, n, g, producer):
+        """Pipeline state of stage unit g of block n (a chunk group: gather_groups(), G of them a block): stage
+        (n % 2) * G + g, one fill every other block (two slots; the backward, with one slot, overrides it)."""
         lap = (n // 2) % 2
-        return pipeline.PipelineState(self.stages, n * self.NC + c, (n % 2) * self.NC + c,
+        return pipeline.PipelineState(self.stages, n * self.G + g, (n % 2) * self.G + g,
                                       lap ^ 1 if producer else lap)
 
     def gather_lag(self):
