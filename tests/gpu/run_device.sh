@@ -7,14 +7,16 @@
 # output in sanitize.log (a device call brings back at most 8 files); a test may write $OUT/<test file>.table.
 # PYTEST_ARGS is passed to every pytest run (e.g. "--timeout=60", pytest-timeout is on the device).
 # Knobs: RUN_DSA_DIAG=1 runs bench/dsa_attn_precision.py (DSA_PRECISION_ARGS) and bench/topk_breakdown.py;
-# GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs
-# bench/dsa_indexer.py (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; RUN_ATTN_BENCH=1 runs
-# bench/sparse_attention.py (ATTN_BENCH_ARGS); RUN_SHAPES_BENCH=1 runs bench/flash_attention_shapes.py (GQA and varlen
-# rows, SHAPES_BENCH_ARGS); GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0
-# skips step 2; BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench; PYTEST_TIMEOUT, SAN_TIMEOUT,
-# BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call is measured too
-# (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry apache-tvm-ffi
-# (../shared/device/pack.sh apache-tvm-ffi==0.1.15.post2 ..., or the FA4 pack line in docs/performance.md).
+# GPU_SANITIZE="tests/gpu/sanitize_x.py ..." picks the sanitizer scripts; RUN_DSA_BENCH=1 runs bench/dsa_indexer.py
+# (DSA_BENCH_ARGS), cuDNN frontend peer when .device/extra was unpacked; RUN_ATTN_BENCH=1 runs bench/sparse_attention.py
+# (ATTN_BENCH_ARGS); RUN_SHAPES_BENCH=1 runs bench/flash_attention_shapes.py (GQA and varlen rows, SHAPES_BENCH_ARGS);
+# GPU_TESTS="tests/gpu/test_seed001.py ..." runs only those test files ("none": no pytest); RUN_SANITIZE=0 skips step 2;
+# RUN_JOBS=N keeps up to N of those runs (test files, then sanitizer runs) going at once (default 1; the GPU is shared,
+# so use it for the suites, not with a timed step); BENCH_ARGS (e.g. "--quick", "--no-fa4") is passed to the bench;
+# PYTEST_TIMEOUT, SAN_TIMEOUT, BENCH_TIMEOUT bound each step (seconds). With RUN_BENCH=1 the host cost of one seam call
+# is measured too (bench/flash_attention.py --host). The kernels are called through TVM-FFI: .device must carry
+# apache-tvm-ffi (../shared/device/pack.sh apache-tvm-ffi==0.1.15.post2 ..., or the FA4 pack line in
+# docs/performance.md).
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
@@ -22,42 +24,78 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 python3 -c "import tvm_ffi" 2>/dev/null || { echo "apache-tvm-ffi is not installed: pack it into .device (see the header)"; exit 3; }
 
 declare -a ROWS
-TESTS="${GPU_TESTS:-$(ls tests/gpu/test_*.py)}"
-[ "$TESTS" = "none" ] && TESTS=""
-for t in $TESTS; do
-  name=$(basename "$t" .py)
+JOBS="${RUN_JOBS:-1}"
+JOBDIR=$(mktemp -d)
+# pool CMD...: run CMD in the background with at most $JOBS at once (RUN_JOBS=1: one after another, as before). The
+# processes share the GPU by time slices and compile their kernels on separate cores; each writes its own files.
+pool() {
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  "$@" &
+}
+
+# one_test INDEX FILE: pytest on one test file; its row and failure lines to $JOBDIR/t.INDEX.*
+one_test() {
+  local name start junit rc secs
+  name=$(basename "$2" .py)
   start=$(date +%s)
   rm -f "$OUT/$name.table"
   junit=()
   [ "${JUNIT:-0}" = "1" ] && junit=(--junitxml="$OUT/$name.xml")
   # shellcheck disable=SC2086
-  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$t" "${junit[@]}" \
+  timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rf "$2" "${junit[@]}" \
     ${PYTEST_ARGS:-} > "$OUT/$name.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
-  summ=$(tail -1 "$OUT/$name.log")
-  ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$secs" "$summ")")
-  grep -E "^(FAILED|ERROR)" "$OUT/$name.log" | head -40
-  [ -f "$OUT/$name.table" ] && cat "$OUT/$name.table"   # rows a test chose to report (e.g. test_seed001's rel L2)
-done
+  printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$secs" "$(tail -1 "$OUT/$name.log")" > "$JOBDIR/t.$1.row"
+  { grep -E "^(FAILED|ERROR)" "$OUT/$name.log" | head -40
+    [ -f "$OUT/$name.table" ] && cat "$OUT/$name.table"   # rows a test chose to report (e.g. test_seed001's rel L2)
+  } > "$JOBDIR/t.$1.out"
+}
 
 SAN=compute-sanitizer
 command -v $SAN >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
+# one_sanitize INDEX FILE TOOL: FILE under compute-sanitizer TOOL; its row and log to $JOBDIR/s.INDEX.*
+one_sanitize() {
+  local name log start rc secs
+  name=$(basename "$2" .py)
+  start=$(date +%s)
+  log=/tmp/${name}_$3.log
+  timeout "${SAN_TIMEOUT:-240}" $SAN --tool "$3" --error-exitcode 9 python3 "$2" > "$log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  { echo "==== $name $3 rc=$rc ${secs}s"; head -c 200000 "$log"; } > "$JOBDIR/s.$1.log"
+  printf '%-28s rc=%-3s %4ss  %s\n' "$name:$3" "$rc" "$secs" \
+    "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$log" | tail -1)" > "$JOBDIR/s.$1.row"
+}
+
+TESTS="${GPU_TESTS:-$(ls tests/gpu/test_*.py)}"
+[ "$TESTS" = "none" ] && TESTS=""
+k=0
+for t in $TESTS; do
+  k=$((k + 1))
+  pool one_test "$(printf %03d $k)" "$t"
+done
 SANS="${GPU_SANITIZE:-$(ls tests/gpu/sanitize_*.py)}"
 [ "${RUN_SANITIZE:-1}" = "1" ] || SANS=""
+k=0
 for s in $SANS; do
-  name=$(basename "$s" .py)
   for tool in racecheck memcheck; do
-    start=$(date +%s)
-    log=/tmp/${name}_$tool.log
-    timeout "${SAN_TIMEOUT:-240}" $SAN --tool $tool --error-exitcode 9 python3 "$s" > "$log" 2>&1
-    rc=$?
-    secs=$(( $(date +%s) - start ))
-    { echo "==== $name $tool rc=$rc ${secs}s"; head -c 200000 "$log"; } >> "$OUT/sanitize.log"   # one file for all
-    summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$log" | tail -1)
-    ROWS+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name:$tool" "$rc" "$secs" "$summ")")
+    k=$((k + 1))
+    pool one_sanitize "$(printf %03d $k)" "$s" "$tool"
   done
 done
+wait
+for f in "$JOBDIR"/t.*.row; do                              # in the order given, whatever order they finished in
+  [ -f "$f" ] || continue
+  cat "${f%.row}.out"
+  ROWS+=("$(cat "$f")")
+done
+for f in "$JOBDIR"/s.*.row; do
+  [ -f "$f" ] || continue
+  cat "${f%.row}.log" >> "$OUT/sanitize.log"               # one file for all
+  ROWS+=("$(cat "$f")")
+done
+rm -rf "$JOBDIR"
 
 if [ "${RUN_BENCH:-0}" = "1" ] && [ -f bench/flash_attention.py ]; then
   start=$(date +%s)
