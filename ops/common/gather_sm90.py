@@ -30,7 +30,7 @@ def find_sequence(mCu: cute.Tensor, n_seq: Int32, row: Int32, lane: Int32):
 def gather_atom(dt):
     """The 16-byte cp.async atom of the gathering producers: cp.async.cg (LDGSTS.BYPASS: L2 only, no L1 line
     allocated; a gathered row is read once per CTA). Same-run A/B against cp.async.ca on an H100, 2026-12-05
-    (perf/gather_trials_2026-12-05T1705.txt): sparse attention forward 1.25x, backward 1.05x, sparse attention-score
+    (perf/gather_trials_2026-12-05T1700.txt): sparse attention forward 1.25x, backward 1.05x, sparse attention-score
     recompute 1.08-1.09x, sparse indexer recompute 1.02x, indexer backwards 1.00-1.01x; results bitwise equal."""
     return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
 

@@ -80,10 +80,10 @@ search of cu_seqlens_q; rows at or past cu_seqlens_q[-1] get out 0, lse -inf.
 
 Status: the ping-pong with mbarrier handoffs verified on an H100 (2026-12-05 14:56, perf/device_2026-12-05T1456.txt):
 tests/gpu/test_dsa_sparse_attn.py 36 passed, racecheck 0 hazards, memcheck 0 errors (named-barrier handoffs had given 4
-/ 12 racecheck hazards on sRed, H100 / H200). Chunk groups and cp.async.cg (2026-12-05 17:05, H100,
-perf/gather_trials_2026-12-05T1705.txt; knobs then, bitwise equal to the per-chunk .ca form in the tests, racecheck 0
+/ 12 racecheck hazards on sRed, H100 / H200). Chunk groups and cp.async.cg (2026-12-05 17:02, H100,
+perf/gather_trials_2026-12-05T1700.txt; knobs then, bitwise equal to the per-chunk .ca form in the tests, racecheck 0
 and memcheck 0 with them on): Sq 4K, Skv 8K, top-k 2048, 576/512, H 128, same run: per-chunk .ca 5.66 ms = 413 TFLOP/s,
-.cg 515, groups 455, both 556. This form, H100 17:17 (perf/gather_defaults_2026-12-05T1717.txt): tests 35 passed,
+.cg 515, groups 455, both 556. This form, H100 17:13 (perf/gather_defaults_2026-12-05T1709.txt): tests 35 passed,
 racecheck 0, memcheck 0; bench/sparse_attention.py 553 TFLOP/s at Skv 8K, 507 at 32K, 431 at 64K. Tried and dropped: one
 lane a warp arriving with a count of 32 (562 vs 556 with both, within run-to-run spread; 395 vs 411 alone), releases
 moved behind an issued P V (532 vs 556), W0's next S behind its last P V (383-400 vs 406), producer lags of 6 and 8
