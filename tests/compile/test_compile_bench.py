@@ -1,14 +1,19 @@
-"""CPU CI: the benchmarks' own kernels (bench/red_lines.py, the L2 reduction microbenchmark) compile for sm_90a."""
+"""CPU CI: the benchmarks' own kernels compile for sm_90a: bench/red_lines.py (red.v4 into random rows) and
+bench/red_bulk.py (TMA bulk tensor reduces into random rows), the L2 reduction microbenchmarks."""
 import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_red_lines_compiles():
+@pytest.mark.parametrize("script,compiled", [("red_lines.py", "compiled [16, 32, 64, 128, 256, 512]"),
+                                             ("red_bulk.py", "compiled [32, 64, 128, 256]")])
+def test_reduction_benchmarks_compile(script, compiled):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "red_lines.py"), "--compile-only"], env=env,
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), "--compile-only"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "compiled [16, 32, 64, 128, 256, 512]" in out.stdout
+    assert compiled in out.stdout
