@@ -18,14 +18,13 @@ same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared me
 blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
 one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
 of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
-kernel groups them: 4 stages a pair. The row's blocks are taken in
-pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3 warpgroups:
+kernel groups them: 4 stages a pair. The row's blocks are taken in pairs (an odd count gets one more block, all
+slots invalid: zero rows, P = 0). 3 warpgroups:
   - warpgroup 0 (producer): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the rows with cp.async
     (indices loaded a pair ahead), zero-fill the pieces of invalid slots, write each block's gathered rows (sRows[n %
     2], -1 where invalid, before its chunk 0 is published) and publish group g LAG groups later, by cp.async.cg
-    (L2 only: gather_sm90.gather_atom; gather_sm90.BlockGather). Fill order of
-    a pair (a = 2i in slot 0, b = 2i + 1 in slot 1): a's chunks 0-3, b's 4-8, a's 4-8, b's 0-3 (the order the two
-    consumers free and read them).
+    (L2 only: gather_sm90.gather_atom; gather_sm90.BlockGather). Fill order of a pair (a = 2i in slot 0, b = 2i + 1
+    in slot 1): a's chunks 0-3, b's 4-8, a's 4-8, b's 0-3 (the order the two consumers free and read them).
   - warpgroups 1 and 2 (consumers W0, W1), ping-pong over the pair: W0 owns block a, W1 block b. Each takes its own
     block's S = Q K^T whole (wgmma m64 n64 k16 over the NC chunks; W1 starts at chunk 4), masks and scales it, and
     computes its P in fp32 against the running max chained through the pair: W0's max m0 = max(m_prev, max S_a),
@@ -42,34 +41,32 @@ Online softmax of a pair (x = c S, masked -inf; m~ = 0 while m = -inf, so no -in
         O1 += bf16(P_b) V_b[256:]
     W0: f = 2^(m0 - m1~);  P_a' = P_a f;  l0, O0 *= f;  O0 += bf16(P_b) V_b[:256]      W1: O1 += bf16(P_a') V_a[256:]
     (m: the max both O halves are scaled to after the previous pair; m1 is the next pair's m.)
-Shared-memory handoffs between the consumers: four mbarriers (M0, M1, S1, S0), each completed by the 128 threads
-of its writer (every thread arrives after its own stores: release), waited by the other consumer with the pair's
-parity (acquire); no named barrier is arrived on without a wait (compute-sanitizer racecheck does not take such an
-arrive as ordering: 12 hazards on the H200, 2026-12-05, with named barriers here). A handoff never runs two phases
-ahead of its waiter: each arrival of pair i + 1 comes after its writer waited on a barrier the reader completes after
-its wait of pair i (M0(i+1) after M1(i), M1(i+1) after S0(i), S1(i+1) after M0(i+1), S0(i+1) after M1(i+1)).
-sRed[0] (m0): written by one lane per quad of W0 before M0, read by W1 after it; rewritten (next pair, or l in the
-epilogue) only after M1, which W1 arrives after its read. sRed[1] (m1): written by W1 before M1, read by W0 after
-it; W0 reads it before its S0 arrival, and W1 rewrites it (next pair, or l) only after its S0 wait. sS1 (its own 8
-KiB): written by W1 (stmatrix, fence.proxy.async) before S1, read by W0's wgmma after it; rewritten only after the
-next M0, which W0 arrives after its P V on sS1 retired. sS0: Dqk 576 puts it in the bytes of slot 0's chunk 8
-(block a's rope columns: read only by W0's own Q K^T, retired before the write; V never reads them); Dqk 512 gives
-it 8 KiB of its own. Written by W0 before S0, read by W1's wgmma after it; its bytes are refilled (576) or
-rewritten (512) only after W1's P V on it retired (W1 releases slot 0's chunks after that wait; 512: the next
-M1). kv chunk groups: cp.async / zero stores ordered by the group's full mbarrier (128 producer arrivals); every
-consumer thread arrives once on each group's empty mbarrier per block (256 arrivals), after its last read of every
-chunk of the group (released_groups: the done() call that covers the group's last chunk) and only after waiting on
-the group's full barrier of the same block itself (so an arrival can never count toward the block before: a group
-a consumer never reads it waits on, already complete, and frees at once); a consumer also waits itself on the other
-slot's groups before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
-wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1
-comes before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points
-together); the model in
-tests/test_sparse_attn_pingpong_protocol.py runs the whole protocol for every LAG, Dqk and pair count. sRows[n % 2]:
-written by 16 producer threads after chunk 0 of block n was acquired, read by the block's owner after its Q K^T
-waits, before it frees chunk 0. sO (in sQ): stmatrix stores of one consumer, fence.proxy.async, OUT_BAR (all 256
-consumer threads), then the TMA store issued by one elected lane of that consumer's first warp, which waits until
-the store has read shared memory.
+Shared-memory handoffs between the consumers: four mbarriers (M0, M1, S1, S0), each completed by the 128 threads of its
+writer (every thread arrives after its own stores: release), waited by the other consumer with the pair's parity
+(acquire); no named barrier is arrived on without a wait (compute-sanitizer racecheck does not take such an arrive as
+ordering: 12 hazards on the H200, 2026-12-05, with named barriers here). A handoff never runs two phases ahead of its
+waiter: each arrival of pair i + 1 comes after its writer waited on a barrier the reader completes after its wait of
+pair i (M0(i+1) after M1(i), M1(i+1) after S0(i), S1(i+1) after M0(i+1), S0(i+1) after M1(i+1)). sRed[0] (m0): written
+by one lane per quad of W0 before M0, read by W1 after it; rewritten (next pair, or l in the epilogue) only after M1,
+which W1 arrives after its read. sRed[1] (m1): written by W1 before M1, read by W0 after it; W0 reads it before its S0
+arrival, and W1 rewrites it (next pair, or l) only after its S0 wait. sS1 (its own 8 KiB): written by W1 (stmatrix,
+fence.proxy.async) before S1, read by W0's wgmma after it; rewritten only after the next M0, which W0 arrives after its
+P V on sS1 retired. sS0: Dqk 576 puts it in the bytes of slot 0's chunk 8 (block a's rope columns: read only by W0's own
+Q K^T, retired before the write; V never reads them); Dqk 512 gives it 8 KiB of its own. Written by W0 before S0, read
+by W1's wgmma after it; its bytes are refilled (576) or rewritten (512) only after W1's P V on it retired (W1 releases
+slot 0's chunks after that wait; 512: the next M1). kv chunk groups: cp.async / zero stores ordered by the group's full
+mbarrier (128 producer arrivals); every consumer thread arrives once on each group's empty mbarrier per block (256
+arrivals), after its last read of every chunk of the group (released_groups: the done() call that covers the group's
+last chunk) and only after waiting on the group's full barrier of the same block itself (so an arrival can never count
+toward the block before: a group a consumer never reads it waits on, already complete, and frees at once); a consumer
+also waits itself on the other slot's groups before its SS P V reads them. W1 stores its P to sS1 before issuing the RS
+wgmma that reads the same registers (no instruction reads an in-flight wgmma's A registers). No wait of pair i + 1 comes
+before a release of pair i that the producer needs to publish it (the fill order, LAG and the release points together);
+the model in tests/test_sparse_attn_pingpong_protocol.py runs the whole protocol for every LAG, Dqk and pair count.
+sRows[n % 2]: written by 16 producer threads after chunk 0 of block n was acquired, read by the block's owner after its
+Q K^T waits, before it frees the group of chunk 0. sO (in sQ): stmatrix stores of one consumer, fence.proxy.async,
+OUT_BAR (all 256 consumer threads), then the TMA store issued by one elected lane of that consumer's first warp, which
+waits until the store has read shared memory.
 Shared memory: Q 72 KiB + 2 block slots x NC x 8 KiB + sS1 8 KiB (+ sS0 8 KiB at Dqk 512) + sRed / sRows / barriers
 (Dqk 576: ~225 KiB of 227).
 
