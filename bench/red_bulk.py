@@ -27,6 +27,8 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from red_harness import Launcher, compile_only, mix  # noqa: E402
 
 COLS = 576
 THREADS = 256
@@ -67,10 +69,7 @@ class RedBulk:
         s_row = cute.local_tile(s_all, (1, self.C), (warp, 0))
         key = bidx * WARPS + warp
         for it in cutlass.range(iters, unroll=1):
-            h = it * Int32(-1640531535) + key * Int32(-2048144777)
-            h = h ^ (h >> 15)
-            h = h * Int32(-1028477379)
-            h = h ^ (h >> 13)
+            h = mix(it, key)
             row = h & (self.rows - 1)
             win = ((h >> 20) & 1023) % self.nwin
             g_box = cute.local_tile(cute.domain_offset((0, win * 32), gt), (1, self.C), (row, 0))
@@ -93,38 +92,19 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     if a.compile_only:       # CPU: every width assembles for sm_90a
-        from cutlass.cute.runtime import make_fake_stream
-        from ops.common.head_sum_host import fake_tensor
-        for c in a.cols:
-            cute.compile(RedBulk(c, a.rows), fake_tensor(Float32, (None,), 1, 16), Int32(1), Int32(1),
-                         make_fake_stream())
+        compile_only([RedBulk(c, a.rows) for c in a.cols], 16)
         print("compiled", a.cols)
         return
-    import torch
-    from cutlass.cute.runtime import from_dlpack
-    import cuda.bindings.driver as cuda
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import device_time
-
-    buf = torch.zeros(a.rows * COLS, dtype=torch.float32, device="cuda")
-    ctas = torch.cuda.get_device_properties(0).multi_processor_count * a.ctas_per_sm
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    boxes = ctas * WARPS * a.iters
-    print(f"rows {a.rows} x {COLS} fp32 ({a.rows * COLS * 4 / 1e6:.1f} MB), {ctas} CTAs x {WARPS} warps x "
+    run = Launcher(a.rows * COLS, a.ctas_per_sm)
+    boxes = run.ctas * WARPS * a.iters
+    print(f"rows {a.rows} x {COLS} fp32 ({a.rows * COLS * 4 / 1e6:.1f} MB), {run.ctas} CTAs x {WARPS} warps x "
           f"{a.iters} bulk reduces = {boxes / 1e6:.1f} M boxes a launch")
     print(f"{'bytes/box':>10} {'ms':>8} {'GB/s':>8} {'G lines/s':>10} {'G boxes/s':>10}  check")
     for c in a.cols:
-        t = from_dlpack(buf, assumed_align=16)
-        fn = cute.compile(RedBulk(c, a.rows), t, Int32(a.iters), Int32(ctas), stream)
-        buf.zero_()
-        fn(t, Int32(a.iters), Int32(ctas), stream)
-        torch.cuda.synchronize()
-        ok = float(buf.double().sum()) == boxes * float(c)
-        sec, _ = device_time(lambda: fn(t, Int32(a.iters), Int32(ctas), stream), iters=10)
+        sec, ok = run.measure(RedBulk(c, a.rows), a.iters, boxes * float(c))
         nbytes = boxes * c * 4
         print(f"{c * 4:>10} {sec * 1e3:8.3f} {nbytes / sec / 1e9:8.0f} {nbytes / 128 / sec / 1e9:10.2f} "
               f"{boxes / sec / 1e9:10.2f}  {'ok' if ok else 'SUM MISMATCH'}")
-
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ from cutlass import Float32, Int32
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ops.common.vector_red_sm90 import red_add_v4  # noqa: E402
+from red_harness import Launcher, compile_only, mix  # noqa: E402
 
 COLS = 576
 THREADS = 256
@@ -48,10 +49,7 @@ class RedLines:
         key = (bidx * (THREADS // 32) + tidx // 32) * 32 + grp
         one = Float32(1.0)
         for it in cutlass.range(iters, unroll=4):
-            h = it * Int32(-1640531535) + key * Int32(-2048144777)
-            h = h ^ (h >> 15)
-            h = h * Int32(-1028477379)
-            h = h ^ (h >> 13)
+            h = mix(it, key)
             row = h & (self.rows - 1)
             win = (it * 7 + grp) % self.nwin
             off = row * COLS + win * (self.W // 4) + sub * 4
@@ -66,38 +64,18 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     if a.compile_only:       # CPU: every width assembles for sm_90a
-        from cutlass.cute.runtime import make_fake_stream
-        from ops.common.head_sum_host import fake_tensor
-        for w in a.widths:
-            cute.compile(RedLines(w, a.rows), fake_tensor(Float32, (None,), 1, 4), Int32(1), Int32(1),
-                         make_fake_stream())
+        compile_only([RedLines(w, a.rows) for w in a.widths], 4)
         print("compiled", a.widths)
         return
-    import torch
-    from cutlass.cute.runtime import from_dlpack
-    import cuda.bindings.driver as cuda
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import device_time
-
-    buf = torch.zeros(a.rows * COLS, dtype=torch.float32, device="cuda")
-    ctas = torch.cuda.get_device_properties(0).multi_processor_count * 8
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    requests = ctas * THREADS * a.iters
-    print(f"rows {a.rows} x {COLS} fp32 ({a.rows * COLS * 4 / 1e6:.1f} MB), {ctas} CTAs x {THREADS} threads x "
+    run = Launcher(a.rows * COLS, 8)
+    requests = run.ctas * THREADS * a.iters
+    print(f"rows {a.rows} x {COLS} fp32 ({a.rows * COLS * 4 / 1e6:.1f} MB), {run.ctas} CTAs x {THREADS} threads x "
           f"{a.iters} v4 reductions = {requests / 1e6:.0f} M requests a launch")
     print(f"{'bytes/row/instr':>16} {'rows/instr':>10} {'ms':>8} {'GB/s':>8} {'G req/s':>8}  check")
     for w in a.widths:
-        k = RedLines(w, a.rows)
-        t = from_dlpack(buf, assumed_align=16)
-        fn = cute.compile(k, t, Int32(a.iters), Int32(ctas), stream)
-        buf.zero_()
-        fn(t, Int32(a.iters), Int32(ctas), stream)
-        torch.cuda.synchronize()
-        ok = float(buf.double().sum()) == requests * 4.0
-        sec, _ = device_time(lambda: fn(t, Int32(a.iters), Int32(ctas), stream), iters=10)
+        sec, ok = run.measure(RedLines(w, a.rows), a.iters, requests * 4.0)
         print(f"{w:>16} {512 // w:>10} {sec * 1e3:8.3f} {requests * 16 / sec / 1e9:8.0f} {requests / sec / 1e9:8.1f}  "
               f"{'ok' if ok else 'SUM MISMATCH'}")
-
 
 if __name__ == "__main__":
     main()
