@@ -142,10 +142,10 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     def gather_groups(self):
         """Two pipeline stages a block: the V-left chunks 0-3 and the rest (V-right and, at Dqk 576, the rope)."""
-        return (tuple(range(VQ)), tuple(range(VQ, self.D // DC)))
+        return (tuple(range(VQ)), tuple(range(VQ, self.NC)))
 
     def group_of(self, c):
-        return [g for g, cs in enumerate(self.gather_groups()) if c in cs][0]
+        return int(c >= VQ)
 
     def buffer_index(self, n, c, st):
         """Chunk c of block n lives in chunk buffer (n % 2) NC + c."""
@@ -163,11 +163,8 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
         return tuple(out)
 
     def touched_groups(self, chunks):
-        out = []
-        for c in chunks:
-            if self.group_of(c) not in out:
-                out.append(self.group_of(c))
-        return tuple(out)
+        """The groups of `chunks`, in order of first appearance."""
+        return tuple(dict.fromkeys(self.group_of(c) for c in chunks))
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
