@@ -10,11 +10,11 @@ Knockouts (subclasses of the working tree's kernel, defined here):
 
 Run (the base file must travel with the working tree, so it is written next to the current kernels, untracked):
   python bench/ab_sparse_attn.py --prepare REV      here: ops/dsa/sparse_attn/_ab_base_{fwd,bwd}_sm90.py from REV
-  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--knobs DKV_A=2 ...] [--knockouts nogather nored]
+  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--skv 8192 65536] [--knobs DKV_A=2 ...] [--knockouts nogather nored]
                                  [--iters N]   on the device
   python bench/ab_sparse_attn.py --check            here (no GPU): the knockout variants compile for sm_90a
   python bench/ab_sparse_attn.py --clean            here: remove the base files
-Shape: B 1, Sq 4096, Skv 8192, top-k 2048 (uniform random indices), Dqk 576, Dv 512; the backward with a sink.
+Shape: B 1, Sq 4096, Skv 8192 (--skv), top-k 2048 (uniform random indices), Dqk 576, Dv 512; the backward with a sink.
 """
 import argparse
 import os
@@ -110,12 +110,12 @@ def run(a):
     import torch
     from timing import device_time
     st = torch.cuda.current_stream().cuda_stream
-    Sq, Skv, K, D, dv = 4096, 8192, 2048, 576, 512
+    Sq, K, D, dv = 4096, 2048, 576, 512
     kind = "bwd" if a.bwd else "fwd"
     module, holder = (bwd, bwd_sm90) if a.bwd else (fwd, fwd_sm90)
     attr = "SparseAttnBwdSm90" if a.bwd else "SparseAttnFwdSm90"
     cur = getattr(holder, attr)
-    for H in a.heads:
+    for Skv, H in [(s, h) for s in a.skv for h in a.heads]:
         g = torch.Generator(device="cuda").manual_seed(H)
         q = torch.randn(1, Sq, H, D, device="cuda", generator=g).bfloat16()
         kv = torch.randn(1, Skv, D, device="cuda", generator=g).bfloat16()
@@ -144,7 +144,7 @@ def run(a):
                 call = lambda: fwd.sparse_attn_fwd(q, kv, idx, o, l_, softmax_scale=scale, stream=st)  # noqa: E731
             t, _ = device_time(call, a.iters)
             res[name] = [x.float().clone() for x in outs]
-            print(f"{kind} H{H} {name:18s} {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s", flush=True)
+            print(f"{kind} Skv {Skv} H{H} {name:18s} {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s", flush=True)
         setattr(holder, attr, cur)
         names = ("dq", "dkv", "d_sink_rows") if a.bwd else ("out", "lse")
         for other in [k for k in ("base", *a.knobs) if k in res]:       # the current kernel's outputs as reference
@@ -163,6 +163,7 @@ def main():
     p.add_argument("--check", action="store_true")
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--heads", nargs="*", type=int, default=[128])
+    p.add_argument("--skv", nargs="*", type=int, default=[8192])
     p.add_argument("--knockouts", nargs="*", default=[], choices=["nogather", "nored"])
     p.add_argument("--knobs", nargs="*", default=[], help='class knobs of the current kernel, e.g. "DKV_A=2"')
     p.add_argument("--iters", type=int, default=10)

@@ -138,7 +138,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[0], D, 1), stride=(mKv.stride[0], 1, 0)))
             dkv_v = cute.make_tensor(mdKV.iterator, cute.make_layout((mdKV.shape[0], D, 1),
                                                                      stride=(mdKV.stride[0], 1, 0)))
-            grid = (mQ.shape[0], H // HG, 1)
+            batch = 1
         else:
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
                                                                  stride=(mQ.stride[2], 1, mQ.stride[0])))
@@ -148,10 +148,13 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                                                                    stride=(mKv.stride[1], 1, mKv.stride[0])))
             dkv_v = cute.make_tensor(mdKV.iterator, cute.make_layout((mdKV.shape[1], D, mdKV.shape[0]),
                                                                      stride=(mdKV.stride[1], 1, mdKV.stride[0])))
-            grid = (mQ.shape[1], H // HG, mQ.shape[0])
+            batch = mQ.shape[0]
         if cutlass.const_expr(self.stage):
             dkv_v = cute.make_tensor(mdKV.iterator, cute.make_layout((mdKV.shape[0], D), stride=(D, 1)))
-            grid = (mKeys.shape[0] // (grid[2] * mIdx.shape[len(mIdx.shape) - 1]), grid[1], grid[2])
+        rows = mQ.shape[0] if cutlass.const_expr(self.varlen) else mQ.shape[1]
+        if cutlass.const_expr(self.stage):
+            rows = mKeys.shape[0] // (batch * mIdx.shape[len(mIdx.shape) - 1])
+        grid = self.launch_grid(rows, batch)
         K, MN, L = OperandMajorMode.K, OperandMajorMode.MN, LayoutEnum
         mma = lambda a, b, **kw: sm90_utils.make_trivial_tiled_mma(dt, dt, a, b, Float32, (1, 1, 1),  # noqa: E731
                                                                     tiler_mn=(64, 64), **kw)
@@ -197,7 +200,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
                mdSink: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mKeys: cute.Tensor, row0: Int32,
                scale: Float32, mmas, layouts):
         tidx, _, _ = cute.arch.thread_idx()
-        rel, grp, batch = cute.arch.block_idx()
+        rel, grp, batch = self.grid_coords()
         row = rel
         if cutlass.const_expr(self.stage):
             row = row0 + rel

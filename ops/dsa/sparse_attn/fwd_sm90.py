@@ -177,7 +177,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
             kv_v = cute.make_tensor(mKv.iterator, cute.make_layout((mKv.shape[0], D, 1), stride=(mKv.stride[0], 1, 0)))
             o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[0] * H, self.Dv, 1),
                                                                  stride=(mO.stride[1], 1, 0)))
-            grid = (mQ.shape[0], H // HG, 1)
+            grid = self.launch_grid(mQ.shape[0], 1)
         else:
             q_v = cute.make_tensor(mQ.iterator, cute.make_layout((mQ.shape[1] * H, D, mQ.shape[0]),
                                                                  stride=(mQ.stride[2], 1, mQ.stride[0])))
@@ -185,7 +185,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
                                                                    stride=(mKv.stride[1], 1, mKv.stride[0])))
             o_v = cute.make_tensor(mO.iterator, cute.make_layout((mO.shape[1] * H, self.Dv, mO.shape[0]),
                                                                  stride=(mO.stride[2], 1, mO.stride[0])))
-            grid = (mQ.shape[1], H // HG, mQ.shape[0])
+            grid = self.launch_grid(mQ.shape[1], mQ.shape[0])
         K, MN = OperandMajorMode.K, OperandMajorMode.MN
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, BK))
         qk_mma_acc = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), tiler_mn=(HG, BK))
@@ -237,7 +237,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sS_layout: cute.ComposedLayout,
                sO_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        row, grp, batch = cute.arch.block_idx()
+        row, grp, batch = self.grid_coords()
         args = (tma_q, tQ, tma_o, tO, mKv, mIdx, mLen, mSink, mLSE, scale_log2, (qk_mma, qk_mma_acc, pv_rs, pv_ss),
                 (sQ_layout, sK_layout, sV_layout, sS_layout, sO_layout), tidx, grp)
         if cutlass.const_expr(self.varlen):
