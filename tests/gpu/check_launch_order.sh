@@ -24,3 +24,11 @@ echo "ab bwd rc=$?"; cat "$OUT/ab_bwd.log"
 timeout 200 python3 bench/sparse_attention.py --bwd --iters 10 --csv "$OUT/sparse_attention_bwd.csv" \
   > "$OUT/sparse_attention_bwd.log" 2>&1
 echo "sparse_attention --bwd rc=$?"; tail -8 "$OUT/sparse_attention_bwd.log"
+# 5) where time is left (the call's limit is 600 s): bench/dsa_indexer.py's sparse rows (recomputes and the sparse
+#    indexer backward over the cp.async.cg gathers) against cuDNN frontend in the same run
+if [ "$SECONDS" -lt "${ROWS_IF_BEFORE:-400}" ]; then
+  timeout $((560 - SECONDS)) python3 bench/dsa_indexer.py --rows sparse --csv "$OUT/dsa_indexer_sparse.csv" \
+    > "$OUT/dsa_indexer_sparse.log" 2>&1
+  echo "dsa_indexer --rows sparse rc=$?"; tail -12 "$OUT/dsa_indexer_sparse.log"
+fi
+echo "elapsed ${SECONDS}s"
