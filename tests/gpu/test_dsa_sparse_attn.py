@@ -273,11 +273,11 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knob,value", [("LAG", 2), ("LAG", 4), ("GROUPS_ADJACENT", 1)])
+@pytest.mark.parametrize("knob,value", [("LAG", 2), ("LAG", 4)])
 def test_schedules(monkeypatch, knob, value):
     """Producer lags (SparseAttnFwdSm90.LAG: chunk groups of cp.async in flight before the oldest is published, up
-    to the 4 groups of a pair) and the launch order (GROUPS_ADJACENT: a row's head groups adjacent in grid x) give
-    bitwise the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
+    to the 4 groups of a pair) give bitwise the default's results: dense with topk_length and invalid blocks (odd and
+    even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
     default = getattr(cls, knob)
@@ -294,25 +294,3 @@ def test_schedules(monkeypatch, knob, value):
         else:
             o0, l0 = run(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
     assert torch.equal(o0, o1) and torch.equal(l0, l1), "schedules differ bitwise"
-
-
-def test_groups_adjacent_thd(monkeypatch):
-    """GROUPS_ADJACENT on THD (H 128: two head groups a row): rows past cu_seqlens_q[-1] cleared by both groups,
-    results against float64 and bitwise the other launch order's."""
-    from ops.dsa.sparse_attn import fwd, fwd_sm90
-    cls = fwd_sm90.SparseAttnFwdSm90
-    torch.manual_seed(13)
-    lens_q, lens_k = [5, 0, 37, 1, 70], [300, 40, 129, 1, 517]
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
-    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 192
-    q, kv = rnd(Tq, 128, 576), rnd(Tk, 576)
-    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
-    res = []
-    for adj in (1, cls.GROUPS_ADJACENT):
-        monkeypatch.setattr(cls, "GROUPS_ADJACENT", adj)
-        monkeypatch.setattr(fwd, "_CACHE", {})
-        res.append(check(q, kv, idx, 1 / math.sqrt(576), cu_q=cu_q, cu_k=cu_k))
-    (o1, l1), (o0, l0) = res
-    assert (o1[int(cu_q[-1]):] == 0).all() and torch.isneginf(l1[:, int(cu_q[-1]):]).all()
-    assert torch.equal(o0, o1) and torch.equal(l0, l1), "launch orders differ bitwise"

@@ -281,39 +281,3 @@ def test_deterministic_bitwise(H):
     for _ in range(100):
         got = run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True)
         assert all(torch.equal(a, b) for a, b in zip(got, base))
-
-
-@pytest.mark.parametrize("varlen", [False, True])
-def test_groups_adjacent(monkeypatch, varlen):
-    """SparseAttnBwdSm90.GROUPS_ADJACENT (a row's two head-group CTAs adjacent in grid x), H 128: float64 gates in
-    both modes (THD: rows past cu_seqlens_q[-1], deterministic keys -1 there), and the deterministic mode's dq, dkv,
-    d_sink_rows bitwise the other launch order's."""
-    from ops.dsa.sparse_attn import bwd, bwd_sm90
-    cls = bwd_sm90.SparseAttnBwdSm90
-    H, D = 128, 576
-    torch.manual_seed(17)
-    sink = torch.randn(H, device=DEV)
-    if varlen:
-        lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
-        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
-        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
-        Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 96
-        q, kv = rnd(Tq, H, D), rnd(Tk, D)
-        idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
-        kw = dict(cu_q=cu_q, cu_k=cu_k)
-    else:
-        Sq, Skv, K = 24, 300, 200
-        q, kv = inputs((2, Sq), Skv, H, D, 19)
-        idx = indices((2, Sq), K, Skv)
-        kw = {}
-    out, lse = forward(q, kv, idx, 0.05, **kw)
-    dout = rnd(*out.shape)
-    got = []
-    for adj in (1, cls.GROUPS_ADJACENT):
-        monkeypatch.setattr(cls, "GROUPS_ADJACENT", adj)
-        monkeypatch.setattr(bwd, "_CACHE", {})
-        if adj:
-            check(q, kv, idx, 0.05, sink=sink, **kw)
-            check(q, kv, idx, 0.05, sink=sink, det=dict(deterministic=True, workspace_bytes=0), **kw)
-        got.append(run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True, **kw))
-    assert all(torch.equal(a, b) for a, b in zip(*got)), "launch orders differ bitwise (deterministic mode)"

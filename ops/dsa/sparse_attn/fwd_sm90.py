@@ -13,8 +13,8 @@ A row with no valid slot (l = 0): out 0, lse -inf. A NaN in q, a gathered kv row
 influences (l = NaN is not l = 0). An invalid slot's key row is never loaded: the producer zero-fills its shared-
 memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), and its logit is replaced by a select.
 
-Tiling. One CTA = one query row and one group of 64 heads (grid y = H / 64; 128 heads = two CTAs that gather the
-same rows, the second from L2). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
+Tiling. One CTA = one query row and one group of 64 heads (grid x = rows x H / 64: 128 heads = two CTAs adjacent
+in launch order that gather the same rows, the second from L2; rows.SlotRows.launch_grid). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
 blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
 one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
 of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
