@@ -6,8 +6,10 @@ ops/dsa/indexer/sparse_bwd_sm90.py), and gemm_chunks, their consumers' wgmma ove
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Int32
+from cutlass import Int32, Int64
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T
 
 
 @cute.jit
@@ -33,6 +35,32 @@ def gather_atom(dt):
     (perf/gather_trials_2026-12-05T1700.txt): sparse attention forward 1.25x, backward 1.05x, sparse attention-score
     recompute 1.08-1.09x, sparse indexer recompute 1.02x, indexer backwards 1.00-1.01x; results bitwise equal."""
     return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
+
+
+def l2_evict_last_policy():
+    """An L2 cache policy (createpolicy.fractional, fraction 1.0): lines the access brings in are evicted last."""
+    return Int64(llvm.inline_asm(T.i64(), [], "createpolicy.fractional.L2::evict_last.b64 $0, 1.0;", "=l",
+                                 has_side_effects=True))
+
+
+def cp_async_cg_l2_256(dst: cute.Tensor, src: cute.Tensor, policy=None):
+    """One 16-byte cp.async.cg with the L2::256B prefetch hint (and an L2 cache policy when given), by inline PTX:
+    the DSL's cp.async atom has no prefetch qualifier. dst: 8 bf16 of a shared-memory tile with the 128-byte swizzle
+    (pointer type S<3,4,3>: the swizzle acts on the byte address, bits [4, 7) ^= bits [7, 10)), applied here by hand
+    to the unswizzled address, as the DSL's copy does (the PTX of both gave the same addresses for six coordinates,
+    CPU 2026-12-05); src: 16 bytes of global memory."""
+    ptr = dst.iterator
+    assert "S<3,4,3>" in str(ptr.type), f"cp_async_cg_l2_256: a 128-byte-swizzled destination, got {ptr.type}"
+    a = cute.recast_ptr(ptr, swizzle_=None).toint()
+    a = a ^ (((a >> 7) & 7) << 4)
+    g = src.iterator.toint()
+    if policy is None:
+        llvm.inline_asm(None, [a.ir_value(), g.ir_value()], "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;",
+                        "r,l", has_side_effects=True)
+    else:
+        llvm.inline_asm(None, [a.ir_value(), g.ir_value(), policy.ir_value()],
+                        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [$0], [$1], 16, $2;", "r,l,l",
+                        has_side_effects=True)
 
 
 @cute.jit
@@ -94,6 +122,9 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
+    # trial: 1 = every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256), 2 = and an L2 evict_last
+    # policy (FlashMLA's sm90 gather does both); 0 = the DSL's cp.async.cg atom
+    GATHER_PREFETCH = 0
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -119,6 +150,7 @@ class BlockGather:
         order, groups = self.gather_order(), self.gather_groups()
         assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
         atom = gather_atom(self.dt)
+        policy = l2_evict_last_policy() if cutlass.const_expr(self.GATHER_PREFETCH == 2) else None
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]
@@ -146,7 +178,10 @@ class BlockGather:
                                               self.buffer_index(n0 + b, c, st))
                         if rows[p, b] >= 0:
                             src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
-                            cute.copy(atom, src, dst)
+                            if cutlass.const_expr(self.GATHER_PREFETCH):
+                                cp_async_cg_l2_256(dst, src, policy)
+                            else:
+                                cute.copy(atom, src, dst)
                         else:
                             cute.autovec_copy(zero, dst)
                 cute.arch.cp_async_commit_group()

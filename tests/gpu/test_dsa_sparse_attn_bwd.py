@@ -281,3 +281,32 @@ def test_deterministic_bitwise(H):
     for _ in range(100):
         got = run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True)
         assert all(torch.equal(a, b) for a, b in zip(got, base))
+
+
+@pytest.mark.parametrize("value", [1, 2])
+def test_gather_prefetch(monkeypatch, value):
+    """BlockGather.GATHER_PREFETCH (the gather's copies by inline PTX with the L2::256B hint; 2: an evict_last policy;
+    the swizzled shared-memory address computed by hand): THD with rows past cu_seqlens_q[-1], float64 gates, and the
+    deterministic mode's dq, dkv, d_sink_rows bitwise the default copies'."""
+    from ops.dsa.sparse_attn import bwd, bwd_sm90
+    cls = bwd_sm90.SparseAttnBwdSm90
+    H, D = 128, 576
+    torch.manual_seed(23 + value)
+    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 160
+    q, kv = rnd(Tq, H, D), rnd(Tk, D)
+    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    sink = torch.randn(H, device=DEV)
+    kw = dict(cu_q=cu_q, cu_k=cu_k)
+    out, lse = forward(q, kv, idx, 0.05, **kw)
+    dout = rnd(*out.shape)
+    got = []
+    for setting in (value, 0):
+        monkeypatch.setattr(cls, "GATHER_PREFETCH", setting)
+        monkeypatch.setattr(bwd, "_CACHE", {})
+        if setting:
+            check(q, kv, idx, 0.05, sink=sink, **kw)
+        got.append(run(q, kv, idx, out, dout, lse, 0.05, sink=sink, deterministic=True, **kw))
+    assert all(torch.equal(a, b) for a, b in zip(*got)), "prefetching copies differ bitwise (deterministic mode)"
