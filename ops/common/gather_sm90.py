@@ -37,9 +37,10 @@ def gather_atom(dt):
     return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
 
 
-def l2_evict_last_policy():
-    """An L2 cache policy (createpolicy.fractional, fraction 1.0): lines the access brings in are evicted last."""
-    return Int64(llvm.inline_asm(T.i64(), [], "createpolicy.fractional.L2::evict_last.b64 $0, 1.0;", "=l",
+def l2_policy(priority: str):
+    """An L2 cache policy (createpolicy.fractional, fraction 1.0): the lines an access brings in get eviction
+    priority `priority` ("evict_last", "evict_normal")."""
+    return Int64(llvm.inline_asm(T.i64(), [], f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;", "=l",
                                  has_side_effects=True))
 
 
@@ -122,9 +123,11 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    # trial: 1 = every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256), 2 = and an L2 evict_last
-    # policy (FlashMLA's sm90 gather does both); 0 = the DSL's cp.async.cg atom
+    # 0 = the DSL's cp.async.cg atom; 1 = every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256);
+    # 2 = and an L2 evict_last policy (FlashMLA's sm90 gather does both); 3 = the hint, and evict_last only while the
+    # whole kv (all batches) is at most EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time)
     GATHER_PREFETCH = 0
+    EVICT_LAST_KV_BYTES = 16 << 20
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -150,7 +153,13 @@ class BlockGather:
         order, groups = self.gather_order(), self.gather_groups()
         assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
         atom = gather_atom(self.dt)
-        policy = l2_evict_last_policy() if cutlass.const_expr(self.GATHER_PREFETCH == 2) else None
+        policy = None
+        if cutlass.const_expr(self.GATHER_PREFETCH == 2):
+            policy = l2_policy("evict_last")
+        if cutlass.const_expr(self.GATHER_PREFETCH == 3):
+            kv_rows = mKv.shape[0] * mKv.shape[2]                 # rows of every batch ([rows, D, B] view)
+            small = kv_rows <= self.EVICT_LAST_KV_BYTES // (mKv.shape[1] * (self.dt.width // 8))
+            policy = Int64(cutlass.select_(small, l2_policy("evict_last"), l2_policy("evict_normal")))
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]

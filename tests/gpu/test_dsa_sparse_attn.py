@@ -273,12 +273,14 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knob,value", [("LAG", 2), ("LAG", 4), ("GATHER_PREFETCH", 1), ("GATHER_PREFETCH", 2)])
+@pytest.mark.parametrize("knob,value", [("LAG", 2), ("LAG", 4), ("GATHER_PREFETCH", 0), ("GATHER_PREFETCH", 1),
+                                        ("GATHER_PREFETCH", 2), ("EVICT_LAST_KV_BYTES", 0)])
 def test_schedules(monkeypatch, knob, value):
     """Producer lags (SparseAttnFwdSm90.LAG: chunk groups of cp.async in flight before the oldest is published, up
-    to the 4 groups of a pair) and the gather's inline-PTX copies (GATHER_PREFETCH: the L2::256B hint, an evict_last
-    policy; the swizzled address computed by hand) give bitwise the default's results: dense with topk_length and
-    invalid blocks (odd and even block counts)."""
+    to the 4 groups of a pair) and the gather's copies (GATHER_PREFETCH: 0 the DSL's cp.async atom, 1 inline PTX with
+    the L2::256B hint and the swizzled address computed by hand, 2 and an evict_last policy; the default 3 picks
+    evict_last or evict_normal at run time by the kv's size, EVICT_LAST_KV_BYTES 0 forcing evict_normal) give bitwise
+    the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
     default = getattr(cls, knob)

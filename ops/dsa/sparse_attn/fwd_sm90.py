@@ -120,6 +120,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
     LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
+    GATHER_PREFETCH = 3   # gather copies with the L2::256B hint, evict_last while the kv fits (gather_sm90.BlockGather)
     GATHER_PERIOD = 2
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
