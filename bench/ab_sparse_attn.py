@@ -10,7 +10,8 @@ Knockouts (subclasses of the working tree's kernel, defined here):
 
 Run (the base file must travel with the working tree, so it is written next to the current kernels, untracked):
   python bench/ab_sparse_attn.py --prepare REV      here: ops/dsa/sparse_attn/_ab_base_{fwd,bwd}_sm90.py from REV
-  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--skv 8192 65536] [--knobs DKV_A=2 ...] [--knockouts nogather nored]
+  python bench/ab_sparse_attn.py [--bwd] [--heads 64 128] [--skv 8192 65536] [--knobs DKV_A=2 ...]
+                                 [--knockouts nogather nored]
                                  [--iters N]   on the device
   python bench/ab_sparse_attn.py --check            here (no GPU): the knockout variants compile for sm_90a
   python bench/ab_sparse_attn.py --clean            here: remove the base files

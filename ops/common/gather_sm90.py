@@ -123,9 +123,12 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    # 0 = the DSL's cp.async.cg atom; 1 = every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256);
-    # 2 = and an L2 evict_last policy (FlashMLA's sm90 gather does both); 3 = the hint, and evict_last only while the
-    # whole kv (all batches) is at most EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time)
+    # On trial (docs/performance.md, "Launch order and the gather's L2 hints"): 0 = the DSL's cp.async.cg atom; 1 =
+    # every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256); 2 = and an L2 evict_last policy
+    # (FlashMLA's sm90 gather does both); 3 = the hint, and evict_last only while the whole kv (all batches) is at most
+    # EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time). Same run on an H100, sparse attention forward, H 128,
+    # Skv 8K / 32K / 64K: 0 537 / 485 / 467 TFLOP/s, 1 524 / 532 / 496, 2 569 / 513 / 476 (outputs bitwise equal);
+    # backward 1.00x. 3 (the best of 1 and 2 by kv size) has not run on a GPU yet.
     GATHER_PREFETCH = 0
     EVICT_LAST_KV_BYTES = 16 << 20
 

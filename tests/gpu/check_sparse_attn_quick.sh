@@ -16,14 +16,15 @@ T=${QUICK_TIMEOUT:-230}
   > "$OUT/test_dsa_sparse_attn.log" 2>&1; echo "test_dsa_sparse_attn rc=$? $(tail -1 "$OUT/test_dsa_sparse_attn.log")" \
   > "$OUT/row.tests") &
 for tool in memcheck racecheck; do
-  (timeout $T $SAN --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_dsa_sparse_attn.py > "$OUT/$tool.log" 2>&1
+  (SANITIZE_KNOBS=${SANITIZE_KNOBS-GATHER_PREFETCH=3} timeout $T $SAN --tool $tool --error-exitcode 9 \
+     python3 tests/gpu/sanitize_dsa_sparse_attn.py > "$OUT/$tool.log" 2>&1
    echo "sanitize_dsa_sparse_attn:$tool rc=$? $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)" \
      > "$OUT/row.$tool") &
 done
 wait
 grep -E "^(FAILED|ERROR)" "$OUT/test_dsa_sparse_attn.log" | head -10
-timeout ${AB_TIMEOUT:-130} python3 bench/ab_sparse_attn.py --heads 128 --skv 8192 65536 \
-  --knobs GATHER_PREFETCH=0 GATHER_PREFETCH=1 --iters ${AB_ITERS:-20} > "$OUT/ab_fwd.log" 2>&1
+timeout ${AB_TIMEOUT:-200} python3 bench/ab_sparse_attn.py --heads 128 --skv 8192 32768 65536 \
+  --knobs GATHER_PREFETCH=1 GATHER_PREFETCH=2 GATHER_PREFETCH=3 --iters ${AB_ITERS:-20} > "$OUT/ab_fwd.log" 2>&1
 echo "ab rc=$?"
 echo "==== summary (${SECONDS}s)"
 cat "$OUT"/row.*

@@ -273,27 +273,25 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knob,value", [("LAG", 2), ("LAG", 4), ("GATHER_PREFETCH", 0), ("GATHER_PREFETCH", 1),
-                                        ("GATHER_PREFETCH", 2), ("EVICT_LAST_KV_BYTES", 0)])
-def test_schedules(monkeypatch, knob, value):
+@pytest.mark.parametrize("knobs", [dict(LAG=2), dict(LAG=4), dict(GATHER_PREFETCH=1), dict(GATHER_PREFETCH=2),
+                                   dict(GATHER_PREFETCH=3), dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0)])
+def test_schedules(monkeypatch, knobs):
     """Producer lags (SparseAttnFwdSm90.LAG: chunk groups of cp.async in flight before the oldest is published, up
-    to the 4 groups of a pair) and the gather's copies (GATHER_PREFETCH: 0 the DSL's cp.async atom, 1 inline PTX with
-    the L2::256B hint and the swizzled address computed by hand, 2 and an evict_last policy; the default 3 picks
-    evict_last or evict_normal at run time by the kv's size, EVICT_LAST_KV_BYTES 0 forcing evict_normal) give bitwise
-    the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
+    to the 4 groups of a pair) and the gather's copies on trial (GATHER_PREFETCH: 1 inline PTX with the L2::256B hint
+    and the swizzled address computed by hand, 2 and an evict_last policy, 3 evict_last or evict_normal by the kv's
+    size at run time, EVICT_LAST_KV_BYTES 0 forcing evict_normal) give bitwise the default's results: dense with
+    topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
-    default = getattr(cls, knob)
     H, D, Sq, Skv, K = 128, 576, 30, 900, 320
     q, kv = inputs((2, Sq), Skv, H, D, 77)
     idx = indices((2, Sq), K, Skv)
     idx[1, 4, 64:192] = -1
     tl = torch.randint(0, K + 5, (2, Sq), device=DEV, dtype=torch.int32)
-    for setting in (value, default):
-        monkeypatch.setattr(cls, knob, setting)
-        monkeypatch.setattr(fwd, "_CACHE", {})
-        if setting != default:
-            o1, l1 = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
-        else:
-            o0, l0 = run(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
+    o0, l0 = run(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
+    for name, value in knobs.items():
+        assert getattr(cls, name) != value or name == "EVICT_LAST_KV_BYTES", (name, value)
+        monkeypatch.setattr(cls, name, value)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    o1, l1 = check(q, kv, idx, 1 / math.sqrt(D), topk_length=tl)
     assert torch.equal(o0, o1) and torch.equal(l0, l1), "schedules differ bitwise"

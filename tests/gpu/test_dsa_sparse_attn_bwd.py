@@ -283,11 +283,12 @@ def test_deterministic_bitwise(H):
         assert all(torch.equal(a, b) for a, b in zip(got, base))
 
 
-@pytest.mark.parametrize("value", [1, 2])
+@pytest.mark.parametrize("value", [1, 2, 3])
 def test_gather_prefetch(monkeypatch, value):
     """BlockGather.GATHER_PREFETCH (the gather's copies by inline PTX with the L2::256B hint; 2: an evict_last policy;
-    the swizzled shared-memory address computed by hand): THD with rows past cu_seqlens_q[-1], float64 gates, and the
-    deterministic mode's dq, dkv, d_sink_rows bitwise the default copies'."""
+    3: evict_last or evict_normal by the kv's size; the swizzled shared-memory address computed by hand): THD with
+    rows past cu_seqlens_q[-1], float64 gates, and the deterministic mode's dq, dkv, d_sink_rows bitwise the default
+    copies'."""
     from ops.dsa.sparse_attn import bwd, bwd_sm90
     cls = bwd_sm90.SparseAttnBwdSm90
     H, D = 128, 576

@@ -15,7 +15,8 @@ A row with no valid slot: dq 0, no dkv contribution, d_sink_rows -0 x Delta = 0 
 dout, lse or the sink reaches the gradients it influences.
 
 Tiling. One CTA = one query row and 64 heads (grid x = rows x H / 64, a row's CTAs adjacent: rows.SlotRows).
-Resident: Q (64 x Dqk, 72 KiB) and dout (64 x Dv, 64 KiB), both by TMA. Slots in blocks of BK = 64; a block's kv rows gathered by cp.async (producer warpgroup, as in
+Resident: Q (64 x Dqk, 72 KiB) and dout (64 x Dv, 64 KiB), both by TMA. Slots in blocks of BK = 64; a block's kv
+rows gathered by cp.async (producer warpgroup, as in
 the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows[n % 2]) into the one
 kv slot: NC = Dqk / 64 chunks of 64 keys x 64 columns (8 KiB), each with a full and an empty mbarrier, so chunk c
 of block n + 1 is gathered as soon as both consumers are done with chunk c of block n.
@@ -68,7 +69,9 @@ Status (H200, 2026-12-04 21:00 UTC, tree f51b752): tests/gpu/test_dsa_sparse_att
 memcheck clean. Sq 4K, Skv 8K, top-k 2048, 576 / 512, sink: H 64 7.50 ms (389 TFLOP/s) against cuDNN frontend's 6.42
 in the same run (0.86x), H 128 15.36 against 13.76 (0.90x); the BK = 32 kernel before it: 13.90 / 27.24 ms.
 Without the dkv reductions (knockout) 4.79 ms at H 64: the reductions (1.21 G red.v4 requests at H 64, ~4.9 ms at
-bench/red_lines.py's 246 G/s) are what is left (docs/performance.md).
+bench/red_lines.py's 246 G/s) are what is left (docs/performance.md). H100, 2026-12-05 19:22 (cp.async.cg gathers): H 64
+7.46 ms vs cuDNN 6.81 (0.91x), H 128 14.96 vs 13.94 (0.93x); a row's head-group CTAs adjacent in launch order
+(perf/launch_order_2026-12-05T1920.txt, H 128): 14.90 -> 15.03 ms at Skv 8K, 40.0 -> 28.0 ms at Skv 64K.
 """
 import math
 

@@ -14,7 +14,8 @@ influences (l = NaN is not l = 0). An invalid slot's key row is never loaded: th
 memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), and its logit is replaced by a select.
 
 Tiling. One CTA = one query row and one group of 64 heads (grid x = rows x H / 64: 128 heads = two CTAs adjacent
-in launch order that gather the same rows, the second from L2; rows.SlotRows.launch_grid). Q tile (64 x Dqk, K-major) resident in shared memory (one TMA load). Key slots in
+in launch order that gather the same rows, the second from L2; rows.SlotRows.launch_grid). Q tile (64 x Dqk, K-major)
+resident in shared memory (one TMA load). Key slots in
 blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
 one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
 of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
@@ -84,7 +85,10 @@ and memcheck 0 with them on): Sq 4K, Skv 8K, top-k 2048, 576/512, H 128, same ru
 racecheck 0, memcheck 0; bench/sparse_attention.py 553 TFLOP/s at Skv 8K, 507 at 32K, 431 at 64K. Tried and dropped: one
 lane a warp arriving with a count of 32 (562 vs 556 with both, within run-to-run spread; 395 vs 411 alone), releases
 moved behind an issued P V (532 vs 556), W0's next S behind its last P V (383-400 vs 406), producer lags of 6 and 8
-chunks (within 1 %). Issue 11 target: 550 TFLOP/s.
+chunks (within 1 %). A row's head-group CTAs adjacent in launch order (2026-12-05 19:20, H100,
+perf/launch_order_2026-12-05T1920.txt; bitwise equal; tests of both orders passed): 523 -> 551 TFLOP/s at Skv 8K, 478 ->
+491 at 32K, 429 -> 480 at 64K. The gather's L2 hints (BlockGather.GATHER_PREFETCH) are on trial. Issue 11 target: 550
+TFLOP/s.
 """
 import math
 
@@ -120,7 +124,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     """One compiled variant: (Dqk, Dv, heads, varlen, has_length, has_sink)."""
 
     LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
-    GATHER_PREFETCH = 3   # gather copies with the L2::256B hint, evict_last while the kv fits (gather_sm90.BlockGather)
     GATHER_PERIOD = 2
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
