@@ -109,6 +109,19 @@ def inputs(rows, skv, H, D, seed):
     return q, kv
 
 
+def thd_inputs(H, D, K, seed):
+    """THD: five sequences (one empty, one of a single row), 6 query rows past cu_seqlens_q[-1], K indices a row in
+    [-2, 520) (negative and past-the-sequence ones invalid). Returns q, kv, idx, cu_seqlens_q, cu_seqlens_k."""
+    torch.manual_seed(seed)
+    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    Tq, Tk = int(cu_q[-1]) + 6, int(cu_k[-1])
+    q, kv = rnd(Tq, H, D), rnd(Tk, D)
+    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    return q, kv, idx, cu_q, cu_k
+
+
 HD = [(64, 576), (128, 576), (64, 512), (128, 512)]
 
 
@@ -138,13 +151,9 @@ def test_topk_length_invalid_and_duplicates(H, D):
 @pytest.mark.parametrize("H,D", [(128, 576), (64, 512)])
 def test_thd(H, D):
     """Empty segment, rows past cu_seqlens_q[-1] (dq 0; deterministic: their keys -1), topk_length."""
-    torch.manual_seed(11)
-    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
-    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 96
-    q, kv = rnd(Tq, H, D), rnd(Tk, D)
-    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    K = 96
+    q, kv, idx, cu_q, cu_k = thd_inputs(H, D, K, 11)
+    Tq = q.shape[0]
     tl = torch.randint(0, K + 1, (Tq,), device=DEV, dtype=torch.int32)
     sink = torch.randn(H, device=DEV) * 3
     det = {"topk_length": tl, "sink": sink, "dlse_scale": 0.5}   # deterministic: one-row chunks and one chunk
@@ -292,13 +301,7 @@ def test_gather_prefetch(monkeypatch, value):
     from ops.dsa.sparse_attn import bwd, bwd_sm90
     cls = bwd_sm90.SparseAttnBwdSm90
     H, D = 128, 576
-    torch.manual_seed(23 + value)
-    lens_q, lens_k = [5, 0, 37, 1, 20], [300, 40, 129, 1, 517]
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
-    Tq, Tk, K = int(cu_q[-1]) + 6, int(cu_k[-1]), 160
-    q, kv = rnd(Tq, H, D), rnd(Tk, D)
-    idx = torch.randint(-2, 520, (Tq, K), device=DEV, dtype=torch.int32)
+    q, kv, idx, cu_q, cu_k = thd_inputs(H, D, 160, 23 + value)
     sink = torch.randn(H, device=DEV)
     kw = dict(cu_q=cu_q, cu_k=cu_k)
     out, lse = forward(q, kv, idx, 0.05, **kw)
