@@ -6,8 +6,8 @@
 #   ... bash tests/gpu/check_project.sh tests sanitize                                   (both, where time allows)
 # Serial times on a cold H100 / H200 (2026-12-05): tests ~1200 s, sanitizers ~770 s. RUN_JOBS 4 has not run yet; six
 # processes at once (two test files and four sanitizer runs, by hand) lost an H100 machine on 2026-12-05 19:35 (the
-# call never answered; cause unknown): start with RUN_JOBS=2 and raise it only while the calls come back. Logs to $OUT; the summary
-# table of each part printed (rc 0 and "N passed" / "0 hazards" / "0 errors" on every row is a pass).
+# call never answered; cause unknown): start with RUN_JOBS=2 and raise it only while the calls come back. Logs to
+# $OUT; the summary table of each part printed (rc 0 and "N passed" / "0 hazards" / "0 errors" on every row is a pass).
 set -u
 cd "$(dirname "$0")/../.."
 g=tests/gpu
