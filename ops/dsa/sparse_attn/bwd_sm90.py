@@ -14,12 +14,12 @@ Math (query row t, heads h, valid slots j; c = softmax_scale; L2 = log2 e; K_j =
 A row with no valid slot: dq 0, no dkv contribution, d_sink_rows -0 x Delta = 0 (its out is 0). NaN in q, kv, out,
 dout, lse or the sink reaches the gradients it influences.
 
-Tiling. One CTA = one query row and 64 heads (grid x = rows x H / 64, a row's CTAs adjacent: rows.SlotRows).
-Resident: Q (64 x Dqk, 72 KiB) and dout (64 x Dv, 64 KiB), both by TMA. Slots in blocks of BK = 64; a block's kv
-rows gathered by cp.async (producer warpgroup, as in
-the forward; invalid slots zero-filled; the block's gathered rows, -1 where invalid, to sRows[n % 2]) into the one
-kv slot: NC = Dqk / 64 chunks of 64 keys x 64 columns (8 KiB), each with a full and an empty mbarrier, so chunk c
-of block n + 1 is gathered as soon as both consumers are done with chunk c of block n.
+Tiling. One CTA = one query row and 64 heads (grid x = rows x H / 64, a row's CTAs adjacent: rows.SlotRows). Resident:
+Q (64 x Dqk, 72 KiB) and dout (64 x Dv, 64 KiB), both by TMA. Slots in blocks of BK = 64; a block's kv rows gathered
+by cp.async (producer warpgroup, as in the forward; invalid slots zero-filled; the block's gathered rows, -1 where
+invalid, to sRows[n % 2]) into the one kv slot: NC = Dqk / 64 chunks of 64 keys x 64 columns (8 KiB), each with a full
+and an empty mbarrier, so chunk c of block n + 1 is gathered as soon as both consumers are done with chunk c of block
+n.
 Consumer warpgroups (setmaxnreg 232 each, the producer 40):
   - A (w = 0): S = Q K^T and dP = dout V^T (m64 n64 k16, chunk by chunk as the chunks arrive; 32 + 32 accumulator
     registers), P and dS in registers, sP = bf16(P) and sdS = bf16(c dS) by stmatrix (fence.proxy.async; PDS_FULL

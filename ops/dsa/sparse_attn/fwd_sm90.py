@@ -13,14 +13,13 @@ A row with no valid slot (l = 0): out 0, lse -inf. A NaN in q, a gathered kv row
 influences (l = NaN is not l = 0). An invalid slot's key row is never loaded: the producer zero-fills its shared-
 memory row (so a stale or uninitialised row can never meet P = 0 as 0 x Inf), and its logit is replaced by a select.
 
-Tiling. One CTA = one query row and one group of 64 heads (grid x = rows x H / 64: 128 heads = two CTAs adjacent
-in launch order that gather the same rows, the second from L2; rows.SlotRows.launch_grid). Q tile (64 x Dqk, K-major)
-resident in shared memory (one TMA load). Key slots in
-blocks of BK = 64, each block's kv rows gathered in NC = Dqk / 64 column chunks (64 keys x 64 columns, 8 KiB) into
-one of two block slots: block n in slot n % 2. A pipeline stage (one full and one empty mbarrier) is a chunk group
-of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and, at Dqk 576, the rope chunk 8), as FlashMLA's sm90
-kernel groups them: 4 stages a pair. The row's blocks are taken in pairs (an odd count gets one more block, all
-slots invalid: zero rows, P = 0). 3 warpgroups:
+Tiling. One CTA = one query row and one group of 64 heads (grid x = rows x H / 64: 128 heads = two CTAs adjacent in
+launch order that gather the same rows, the second from L2; rows.SlotRows.launch_grid). Q tile (64 x Dqk, K-major)
+resident in shared memory (one TMA load). Key slots in blocks of BK = 64, each block's kv rows gathered in NC = Dqk /
+64 column chunks (64 keys x 64 columns, 8 KiB) into one of two block slots: block n in slot n % 2. A pipeline stage
+(one full and one empty mbarrier) is a chunk group of a block: its V-left chunks 0-3, and the rest (V-right 4-7 and,
+at Dqk 576, the rope chunk 8), as FlashMLA's sm90 kernel groups them: 4 stages a pair. The row's blocks are taken in
+pairs (an odd count gets one more block, all slots invalid: zero rows, P = 0). 3 warpgroups:
   - warpgroup 0 (producer): warp 0 loads Q by TMA; all 128 threads gather 16-byte pieces of the rows with cp.async
     (indices loaded a pair ahead), zero-fill the pieces of invalid slots, write each block's gathered rows (sRows[n %
     2], -1 where invalid, before its chunk 0 is published) and publish group g LAG groups later, by cp.async.cg
