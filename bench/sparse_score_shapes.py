@@ -6,7 +6,10 @@ compiled, checked bit for bit against the first variant (same wgmmas, same epilo
 identical; 5 % of the indices invalid), and timed at the bench row's shape: B 1, Sq 4K, Sk 8K, top-k 2048, 64 heads,
 Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in the same run when it is unpacked.
 
-Run:  python bench/sparse_score_shapes.py [--iters N]
+--hints: the default launch shape with the gather's L2 hints on trial instead (gather_sm90.GatherHints:
+GATHER_PREFETCH 0 / 1 / 2 / 3).
+
+Run:  python bench/sparse_score_shapes.py [--iters N] [--hints]
 """
 import argparse
 import os
@@ -22,7 +25,9 @@ from ops.dsa.indexer import sparse as seam  # noqa: E402
 from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90 as Kernel  # noqa: E402
 from timing import device_time  # noqa: E402
 
-VARIANTS = ((8, 1, (40, 232)), (4, 2, (40, 96)), (6, 2, (40, 96)))
+VARIANTS = tuple(dict(STAGES=st, MIN_BLOCKS=mb, REGS=r) for st, mb, r in ((8, 1, (40, 232)), (4, 2, (40, 96)),
+                                                                          (6, 2, (40, 96))))
+HINTS = tuple(dict(GATHER_PREFETCH=v) for v in (0, 1, 2, 3))
 
 
 def main(a):
@@ -38,15 +43,19 @@ def main(a):
                           idx).int()
     st = torch.cuda.current_stream().cuda_stream
     flops = 2.0 * Sq * K * H * D
-    default = (Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS)
-    print(f"# sparse indexer recompute launch shapes, {torch.cuda.get_device_name()}; default {default}")
-    print(f"{'stages':>6s} {'blocks':>6s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'same bits':>9s}", flush=True)
+    variants = HINTS if a.hints else VARIANTS
+    default = {n: getattr(Kernel, n) for v in variants for n in v}
+    print(f"# sparse indexer recompute {'gather hints' if a.hints else 'launch shapes'}, "
+          f"{torch.cuda.get_device_name()}; default {default}")
+    print(f"{'variant':>44s} {'ms':>8s} {'TFLOP/s':>8s} {'same bits':>9s}", flush=True)
     ref = None
-    for stages, blocks, regs in VARIANTS:
-        Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = stages, blocks, regs
+    for v in variants:
+        for n in default:
+            setattr(Kernel, n, v.get(n, default[n]))
         seam._CACHE.clear()
         s = torch.full((1, Sq, K), float("nan"), device=dev)
         lse = torch.full((1, Sq), float("nan"), device=dev)
+        name = " ".join(f"{n}={x}" for n, x in v.items())
         try:
             seam.sparse_indexer_fwd(q, k, w, idx_bad, s, lse, stream=st)
             torch.cuda.synchronize()
@@ -56,18 +65,18 @@ def main(a):
             else:
                 same = str(bool(torch.equal(s, ref[0]) and torch.equal(lse, ref[1])))
             t, _ = device_time(lambda: seam.sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st), a.iters)
-            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} {same:>9s}",
-                  flush=True)
+            print(f"{name:>44s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f} {same:>9s}", flush=True)
         except Exception as e:  # noqa: BLE001
-            print(f"{stages:6d} {blocks:6d} {str(regs):>10s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-    Kernel.STAGES, Kernel.MIN_BLOCKS, Kernel.REGS = default
+            print(f"{name:>44s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    for n, x in default.items():
+        setattr(Kernel, n, x)
     seam._CACHE.clear()
     try:
         import importlib
         dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
         wb = w.bfloat16()
         t, _ = device_time(lambda: dsa.sparse_indexer_score_recompute_wrapper(q, k, wb, idx), a.iters)
-        print(f"{'cuDNN frontend':>24s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f}", flush=True)
+        print(f"{'cuDNN frontend':>44s} {t * 1e3:8.3f} {flops / t / 1e12:8.0f}", flush=True)
     except Exception as e:  # noqa: BLE001
         print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
 
@@ -75,4 +84,5 @@ def main(a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--hints", action="store_true")
     main(p.parse_args())

@@ -64,6 +64,41 @@ def cp_async_cg_l2_256(dst: cute.Tensor, src: cute.Tensor, policy=None):
                         has_side_effects=True)
 
 
+class GatherHints:
+    """Mixin of the gathering producers (BlockGather, sparse_head_sum_sm90.SparseHeadSumSm90): the 16-byte copy of a
+    gathered piece, with the L2 hints on trial. GATHER_PREFETCH: 0 = the DSL's cp.async.cg atom (gather_atom);
+    1 = every copy with the L2::256B prefetch hint (cp_async_cg_l2_256); 2 = and an L2 evict_last policy (FlashMLA's
+    sm90 gather does both); 3 = the hint, and evict_last only while the whole kv (all batches) is at most
+    EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time). Same run on an H100 (docs/performance.md, "Launch order
+    and the gather's L2 hints"), sparse attention forward, H 128, Skv 8K / 32K / 64K: 0 537 / 485 / 467 TFLOP/s, 1 524 /
+    532 / 496, 2 569 / 513 / 476 (outputs bitwise equal); its backward 1.00x. 3, and every hint in the score
+    recomputes, have not run on a GPU yet."""
+
+    GATHER_PREFETCH = 0
+    EVICT_LAST_KV_BYTES = 16 << 20
+
+    def gather_copy(self, mKv: cute.Tensor):
+        """copy(src, dst) of one gathered piece (src: 8 elements of a kv row, dst: their swizzled shared-memory
+        slice); mKv is the kv view [rows, D, batches] (for form 3's size test). Call it once, before the gather loop:
+        forms 2 and 3 create their L2 policy here."""
+        mode = self.GATHER_PREFETCH
+        atom = gather_atom(self.dt)
+        policy = None
+        if cutlass.const_expr(mode == 2):
+            policy = l2_policy("evict_last")
+        if cutlass.const_expr(mode == 3):
+            kv_rows = mKv.shape[0] * mKv.shape[2]
+            small = kv_rows <= self.EVICT_LAST_KV_BYTES // (mKv.shape[1] * (self.dt.width // 8))
+            policy = Int64(cutlass.select_(small, l2_policy("evict_last"), l2_policy("evict_normal")))
+
+        def copy(src, dst):
+            if cutlass.const_expr(mode):
+                cp_async_cg_l2_256(dst, src, policy)
+            else:
+                cute.copy(atom, src, dst)
+        return copy
+
+
 @cute.jit
 def publish(pipe, stages: cutlass.Constexpr, index: Int32, pending: cutlass.Constexpr):
     """Ring buffer `index`'s cp.async group retired (this thread's: at most `pending` newer groups still in flight),
@@ -98,7 +133,7 @@ def gemm_chunks(pipe, state_of, chunks: cutlass.Constexpr, mma, mma_acc, acc, op
 PIECE = 8            # bf16 elements per 16-byte cp.async
 
 
-class BlockGather:
+class BlockGather(GatherHints):
     """The producer warpgroup of the sparse kernels that gather whole blocks of key rows
     (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py, ops/dsa/indexer/sparse_bwd_sm90.py): block n's GATHER_BK slots,
     chunk by chunk of 64 columns.
@@ -123,14 +158,6 @@ class BlockGather:
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    # On trial (docs/performance.md, "Launch order and the gather's L2 hints"): 0 = the DSL's cp.async.cg atom; 1 =
-    # every gather copy with the L2::256B prefetch hint (cp_async_cg_l2_256); 2 = and an L2 evict_last policy
-    # (FlashMLA's sm90 gather does both); 3 = the hint, and evict_last only while the whole kv (all batches) is at most
-    # EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time). Same run on an H100, sparse attention forward, H 128,
-    # Skv 8K / 32K / 64K: 0 537 / 485 / 467 TFLOP/s, 1 524 / 532 / 496, 2 569 / 513 / 476 (outputs bitwise equal);
-    # backward 1.00x. 3 (the best of 1 and 2 by kv size) has not run on a GPU yet.
-    GATHER_PREFETCH = 0
-    EVICT_LAST_KV_BYTES = 16 << 20
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -155,14 +182,7 @@ class BlockGather:
         per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
         order, groups = self.gather_order(), self.gather_groups()
         assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
-        atom = gather_atom(self.dt)
-        policy = None
-        if cutlass.const_expr(self.GATHER_PREFETCH == 2):
-            policy = l2_policy("evict_last")
-        if cutlass.const_expr(self.GATHER_PREFETCH == 3):
-            kv_rows = mKv.shape[0] * mKv.shape[2]                 # rows of every batch ([rows, D, B] view)
-            small = kv_rows <= self.EVICT_LAST_KV_BYTES // (mKv.shape[1] * (self.dt.width // 8))
-            policy = Int64(cutlass.select_(small, l2_policy("evict_last"), l2_policy("evict_normal")))
+        copy = self.gather_copy(mKv)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]
@@ -190,10 +210,7 @@ class BlockGather:
                                               self.buffer_index(n0 + b, c, st))
                         if rows[p, b] >= 0:
                             src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
-                            if cutlass.const_expr(self.GATHER_PREFETCH):
-                                cp_async_cg_l2_256(dst, src, policy)
-                            else:
-                                cute.copy(atom, src, dst)
+                            copy(src, dst)
                         else:
                             cute.autovec_copy(zero, dst)
                 cute.arch.cp_async_commit_group()

@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .gather_sm90 import find_sequence, gather_atom, publish
+from .gather_sm90 import GatherHints, find_sequence, publish
 from .head_sum_sm90 import block_accumulators, consumer_operands, mma_block, ring_state
 from .softmax import acc_mn_view, quad_sum
 
@@ -62,7 +62,7 @@ PIECE = 8            # bf16 elements per 16-byte cp.async
 LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
 
 
-class SparseHeadSumSm90:
+class SparseHeadSumSm90(GatherHints):
     """Base of one compiled variant; the epilogue mixin supplies MASK, STAT_EMPTY, column_value, element and
     stat_init / stat_update / stat_merge / stat_final (the dense core's interface, with one owned query)."""
 
@@ -239,7 +239,7 @@ class SparseHeadSumSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
                 for tQs, tQg in q_tiles:
                     cute.copy(tma_q, tQg, tQs, tma_bar_ptr=q_bar)
-            atom = gather_atom(self.dt)
+            copy = self.gather_copy(mKv)
             if cutlass.const_expr(self.varlen):
                 gKv = mKv[None, None, 0]
             else:
@@ -267,7 +267,7 @@ class SparseHeadSumSm90:
                             # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
                             src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
                             dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
-                            cute.copy(atom, src, dst)
+                            copy(src, dst)
                     cute.arch.cp_async_commit_group()
                     if g >= lag:
                         publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)

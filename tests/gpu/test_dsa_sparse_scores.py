@@ -181,3 +181,35 @@ def test_cuda_graph_capture(kind, H, D):
     ex, ex_t = reference(kind, q, k, c, idx, torch.float64, scale=0.05)
     assert not torch.isnan(s).any() and not torch.isnan(st).any()
     assert rel_rms(s, ex) < 1e-5 and rel_rms(st, ex_t) < 1e-5
+
+
+@pytest.mark.parametrize("kind,H,D", [CASES[0], CASES[3], CASES[4]])
+@pytest.mark.parametrize("knobs", [dict(GATHER_PREFETCH=1), dict(GATHER_PREFETCH=2), dict(GATHER_PREFETCH=3),
+                                   dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0)])
+def test_gather_hints(monkeypatch, kind, H, D, knobs):
+    """The gather's L2 hints on trial (gather_sm90.GatherHints: copies by inline PTX with the L2::256B hint and the
+    swizzled address computed by hand; 2 an evict_last policy; 3 evict_last or, with EVICT_LAST_KV_BYTES 0,
+    evict_normal): float64 gates, and scores and statistic bitwise the DSL copies' (BSHD with topk_length and
+    invalid slots, THD with an empty segment and rows past cu_seqlens_q[-1])."""
+    if kind == "indexer":
+        from ops.dsa.indexer import sparse as seam, sparse_sm90 as kmod
+        cls = kmod.SparseIndexerScoreSm90
+    else:
+        from ops.dsa.attn_score import sparse as seam, sparse_sm90 as kmod
+        cls = kmod.SparseAttnScoreSm90
+    q, k, c = inputs(kind, (2, 40), 600, H, D, 320, 7 + H)
+    idx = indices((2, 40), 320, 600)
+    tl = torch.randint(0, 330, (2, 40), device=DEV, dtype=torch.int32)
+    cu_q = torch.tensor([0, 70, 70, 171, 172], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0, 130, 131, 250, 250], dtype=torch.int32, device=DEV)
+    tq, tk, tc = inputs(kind, (180,), 260, H, D, 192, 9 + H)
+    tidx = indices((180,), 192, 130)
+    base = [run(kind, q, k, c, idx, topk_length=tl, scale=0.05), run(kind, tq, tk, tc, tidx, cu_q=cu_q, cu_k=cu_k,
+                                                                   scale=0.05)]
+    for name, value in knobs.items():
+        monkeypatch.setattr(cls, name, value)
+    monkeypatch.setattr(seam, "_CACHE", {})
+    got = [check(kind, q, k, c, idx, topk_length=tl, scale=0.05),
+           check(kind, tq, tk, tc, tidx, cu_q=cu_q, cu_k=cu_k, scale=0.05)]
+    for (s0, t0), (s1, t1) in zip(base, got):
+        assert torch.equal(s0, s1) and torch.equal(t0, t1), "gather hints change the results"
