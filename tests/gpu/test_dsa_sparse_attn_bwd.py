@@ -294,7 +294,7 @@ def test_deterministic_bitwise(H):
 
 @pytest.mark.parametrize("value", [1, 2, 3])
 def test_gather_prefetch(monkeypatch, value):
-    """BlockGather.GATHER_PREFETCH (the gather's copies by inline PTX with the L2::256B hint; 2: an evict_last policy;
+    """GatherHints.GATHER_PREFETCH (the gather's copies by inline PTX with the L2::256B hint; 2: an evict_last policy;
     3: evict_last or evict_normal by the kv's size; the swizzled shared-memory address computed by hand): THD with
     rows past cu_seqlens_q[-1], float64 gates, and the deterministic mode's dq, dkv, d_sink_rows bitwise the default
     copies'."""

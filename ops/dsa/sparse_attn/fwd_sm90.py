@@ -86,7 +86,7 @@ lane a warp arriving with a count of 32 (562 vs 556 with both, within run-to-run
 moved behind an issued P V (532 vs 556), W0's next S behind its last P V (383-400 vs 406), producer lags of 6 and 8
 chunks (within 1 %). A row's head-group CTAs adjacent in launch order (2026-12-05 19:20, H100,
 perf/launch_order_2026-12-05T1920.txt; bitwise equal; tests of both orders passed): 523 -> 551 TFLOP/s at Skv 8K, 478 ->
-491 at 32K, 429 -> 480 at 64K. The gather's L2 hints (BlockGather.GATHER_PREFETCH) are on trial. Issue 11 target: 550
+491 at 32K, 429 -> 480 at 64K. The gather's L2 hints (gather_sm90.GatherHints) are on trial. Issue 11 target: 550
 TFLOP/s.
 """
 import math
