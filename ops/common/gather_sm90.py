@@ -1,7 +1,9 @@
 """Device helpers of the sparse (top-k slot) kernels for Hopper (sm_90a), CuTe DSL: the varlen row search, the
 cp.async publish step of a gathering producer (ops/common/sparse_head_sum_sm90.py, the sparse score recomputes) and
 BlockGather, the whole producer of the block-gathering kernels (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py,
-ops/dsa/indexer/sparse_bwd_sm90.py), and gemm_chunks, their consumers' wgmma over a block's chunks.
+ops/dsa/indexer/sparse_bwd_sm90.py), GatherHints, the copy of one gathered piece in both kinds of producer (the DSL's
+cp.async.cg, or inline PTX with L2 hints on trial: cp_async_cg_l2_256, l2_policy), and gemm_chunks, their consumers'
+wgmma over a block's chunks.
 """
 import cutlass
 import cutlass.cute as cute
@@ -52,6 +54,8 @@ def cp_async_cg_l2_256(dst: cute.Tensor, src: cute.Tensor, policy=None):
     CPU 2026-12-05); src: 16 bytes of global memory."""
     ptr = dst.iterator
     assert "S<3,4,3>" in str(ptr.type), f"cp_async_cg_l2_256: a 128-byte-swizzled destination, got {ptr.type}"
+    assert cute.size(dst) * dst.element_type.width == 128 and cute.size(src) * src.element_type.width == 128, \
+        "cp_async_cg_l2_256 copies 16 bytes"
     a = cute.recast_ptr(ptr, swizzle_=None).toint()
     a = a ^ (((a >> 7) & 7) << 4)
     g = src.iterator.toint()
