@@ -7,12 +7,13 @@ a row statistic fp32 [B,Sq] / [Tq] (optional where the kernel allows), q_offsets
 [batch+1], max_seqlen_q (THD grid, a host int: no device read). Every check raises ValueError naming the argument
 before any compile or launch.
 """
-from .tensors import arg_tensor, cu_seqlens_pair, stream_handle
+from .tensors import arg_tensor, check_grid_yz, cu_seqlens_pair, stream_handle
 
 
-def _query_key(at, q_name, k_name, varlen, cu_seqlens_q, cu_seqlens_k):
+def _query_key(at, q_name, k_name, varlen, cu_seqlens_q, cu_seqlens_k, thd_slices=False):
     """Checks shared by both calls: bf16 q/k of ranks 4/3 (BSHD) or 3/2 (THD), one head_dim, the cu_seqlens pair or
-    one batch. Returns (heads, head_dim, rows, batch); stores the cu_seqlens ArgTensors in at."""
+    one batch, and the grid's y dimension (BSHD: the batch; THD with thd_slices: sequences + 1). Returns (heads,
+    head_dim, rows, batch); stores the cu_seqlens ArgTensors in at."""
     qa, ka = at[q_name], at[k_name]
     qa.require_dtype("bfloat16")
     ka.require_dtype("bfloat16")
@@ -26,10 +27,13 @@ def _query_key(at, q_name, k_name, varlen, cu_seqlens_q, cu_seqlens_k):
     rows = qa.shape[:-2]
     if varlen:
         at["cu_seqlens_q"], at["cu_seqlens_k"], batch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+        if thd_slices:
+            check_grid_yz(batch + 1, "cu_seqlens_q", "sequences + 1 (grid slices)")
     else:
         batch = rows[0]
         if ka.shape[0] != batch:
             raise ValueError(f"{k_name}: batch {ka.shape[0]} differs from {q_name}'s {batch}")
+        check_grid_yz(batch, q_name, "batch rows")
     return heads, head_dim, rows, batch
 
 
@@ -41,9 +45,12 @@ def _require_mergeable(qa, heads):
 
 class HeadSumCall:
     """Checked arguments: ``at`` (name -> ArgTensor), ``varlen``, ``heads``, ``head_dim``, ``batch``, ``rows`` (the
-    leading shape of q), ``grid_rows`` (query rows the grid must cover per sequence), ``empty`` (nothing to do)."""
+    leading shape of q), ``grid_rows`` (query rows the grid must cover per sequence), ``empty`` (nothing to do).
+    thd_slices: the kernel gives each THD sequence, and the rows past cu_seqlens_q[-1], a grid y slice (the dense
+    score kernels, head_sum_sm90; the dense indexer backward does not)."""
 
-    def __init__(self, names, q, k, scores, stat, q_offsets, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ratio):
+    def __init__(self, names, q, k, scores, stat, q_offsets, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ratio,
+                 thd_slices=True):
         q_name, k_name, s_name, stat_name = names
         self.names = names
         self.varlen = cu_seqlens_q is not None
@@ -58,7 +65,7 @@ class HeadSumCall:
         qa, ka, sa = at[q_name], at[k_name], at[s_name]
         sa.require_dtype("float32")
         self.heads, self.head_dim, self.rows, self.batch = _query_key(at, q_name, k_name, self.varlen, cu_seqlens_q,
-                                                                      cu_seqlens_k)
+                                                                      cu_seqlens_k, thd_slices)
         if self.varlen:
             if len(sa.shape) != 2 or sa.shape[0] != self.rows[0]:
                 raise ValueError(f"{s_name}: expected shape ({self.rows[0]}, W), got {sa.shape}")

@@ -91,6 +91,17 @@ class ArgTensor:
         return self
 
 
+GRID_YZ_MAX = 65535      # CUDA: the largest y or z dimension of one launch's grid
+
+
+def check_grid_yz(count, name, what):
+    """A count a kernel puts in its launch grid's y or z dimension (batch, or sequences + 1 for a THD kernel that
+    gives the rows past cu_seqlens[-1] a slice of their own): ValueError naming the argument beyond 65535."""
+    if count > GRID_YZ_MAX:
+        raise ValueError(f"{name}: {count} {what}, more than one kernel launch takes ({GRID_YZ_MAX}: the y / z "
+                         "dimension of its grid); split the call")
+
+
 def arg_tensor(x, name, *, cuda=True):
     """``ArgTensor(x, name)``, checked to be on a CUDA device unless ``cuda=False``."""
     t = ArgTensor(x, name)

@@ -17,7 +17,7 @@ from cutlass.cute.runtime import make_fake_tensor, make_fake_stream  # noqa: E40
 
 from . import supported  # noqa: E402
 from ..common.mask import effective_window  # noqa: E402
-from ..common.tensors import COMPILE_OPTIONS, arg_tensor, cu_seqlens_pair, stream_handle  # noqa: E402
+from ..common.tensors import COMPILE_OPTIONS, arg_tensor, check_grid_yz, cu_seqlens_pair, stream_handle  # noqa: E402
 from ..common.switches import choice, env_choice  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
@@ -157,6 +157,8 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")
     if not varlen and shapes["q"][0] != shapes["k"][0]:
         raise ValueError(f"k: batch {shapes['k'][0]} differs from q's {shapes['q'][0]}")
+    if not varlen:
+        check_grid_yz(shapes["q"][0], "q", "batch rows")
     Sq, Sk = shapes["q"][-3], shapes["k"][-3]
     if not varlen and shapes["q"][0] == 0:
         return  # batch 0: every tensor is empty, nothing to write
@@ -185,6 +187,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
         cu_q, cu_k, nbatch = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
         if nbatch < 1:
             raise ValueError("cu_seqlens_q/k: the backward needs at least one segment (batch + 1 >= 2 entries)")
+        check_grid_yz(nbatch, "cu_seqlens_q", "sequences")
         mq, mk = int(max_seqlen_q), int(max_seqlen_k)
     else:
         cu_q = cu_k = None

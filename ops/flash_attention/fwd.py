@@ -114,7 +114,7 @@ def compile_variant(key):
 def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqlens_q=None, cu_seqlens_k=None,
                    max_seqlen_q=0, max_seqlen_k=0, stream=0):
     from ..common.mask import effective_window
-    from ..common.tensors import arg_tensor, cu_seqlens_pair, stream_handle
+    from ..common.tensors import arg_tensor, check_grid_yz, cu_seqlens_pair, stream_handle
 
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
@@ -153,7 +153,8 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         Tq, Tk = qs[0], ks[0]
         if ls != (H, Tq):
             raise ValueError(f"lse: expected shape {(H, Tq)}, got {ls}")
-        at["cu_seqlens_q"], at["cu_seqlens_k"], _ = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+        at["cu_seqlens_q"], at["cu_seqlens_k"], nseq = cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+        check_grid_yz(nseq + 1, "cu_seqlens_q", "sequences + 1 (grid slices)")
         if Tq == 0 or H == 0:
             return
         if Tk == 0:
@@ -163,6 +164,7 @@ def flash_attn_fwd(q, k, v, out, lse, *, softmax_scale, causal, window, cu_seqle
         B, Sq = qs[0], qs[1]
         if ks[0] != B:
             raise ValueError(f"k: batch {ks[0]} differs from q's {B}")
+        check_grid_yz(B, "q", "batch rows")
         if ls != (B, H, Sq):
             raise ValueError(f"lse: expected shape {(B, H, Sq)}, got {ls}")
         if B == 0 or Sq == 0 or H == 0:

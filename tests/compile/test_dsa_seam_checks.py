@@ -20,6 +20,7 @@ from ops.dsa.attn_score.dense import dense_attn_score_fwd  # noqa: E402
 from ops.dsa.attn_score.sparse import sparse_attn_score_fwd  # noqa: E402
 from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
+from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
 
 
 def f32(*s):
@@ -120,3 +121,34 @@ def test_sparse_checks():
         sparse_attn_score_fwd(qa, kva, f32(1, 8, 128), idx, s, lse, softmax_scale=0.1)
     with pytest.raises(ValueError, match="zero keys"):
         sparse_attn_score_fwd(qa, bf16(1, 0, 576), f32(1, 128, 8), idx, s, lse, softmax_scale=0.1)
+
+
+def zero_stride_batch(a, B):
+    """`a` (leading axis 1) seen as B copies along that axis with stride 0: a batch with no memory behind it."""
+    return np.lib.stride_tricks.as_strided(a, shape=(B,) + a.shape[1:], strides=(0,) + a.strides[1:])
+
+
+def test_grid_yz_limit():
+    """Batch rows (BSHD), and THD sequences + 1 where the kernel gives each sequence (and the rows past
+    cu_seqlens_q[-1]) a grid slice, go into the launch grid's y / z dimension, at most 65535: more is a ValueError
+    naming the argument, before any compile or launch."""
+    B = 65536
+    zb = lambda a: zero_stride_batch(a, B)  # noqa: E731
+    q = bf16_view(zb(np.zeros((1, 1, 64, 128), np.uint16)))
+    k = bf16_view(zb(np.zeros((1, 1, 128), np.uint16)))
+    w, s, st = cuda(zb(np.zeros((1, 1, 64), np.float32))), cuda(zb(np.zeros((1, 1, 1), np.float32))), \
+        cuda(zb(np.zeros((1, 1), np.float32)))
+    with pytest.raises(ValueError, match="index_q: 65536 batch rows, more than one kernel launch takes"):
+        indexer_fwd(q, k, w, s, st)
+    idx = cuda(zb(np.zeros((1, 1, 1), np.int32)))
+    with pytest.raises(ValueError, match="index_q: 65536 batch rows"):
+        sparse_indexer_fwd(q, k, w, idx, s, st)
+    qa = bf16_view(zb(np.zeros((1, 1, 64, 576), np.uint16)))
+    kva = bf16_view(zb(np.zeros((1, 1, 576), np.uint16)))
+    out = bf16_view(zb(np.zeros((1, 1, 64, 512), np.uint16)))
+    with pytest.raises(ValueError, match="query: 65536 batch rows"):
+        sparse_attn_fwd(qa, kva, idx, out, cuda(zb(np.zeros((1, 64, 1), np.float32))), softmax_scale=0.1)
+    cu = cuda(np.arange(65536, dtype=np.int32))   # 65535 sequences: 65536 grid slices (one for the tail rows)
+    with pytest.raises(ValueError, match="cu_seqlens_q: 65536 sequences \\+ 1"):
+        indexer_fwd(bf16(65535, 64, 128), bf16(65535, 128), f32(65535, 64), f32(65535, 1), f32(65535),
+                    cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1)

@@ -335,3 +335,37 @@ def test_bwd_det_kernel_choice(monkeypatch):
     run(192, deterministic=True)                         # a wide pair: its split kernels, never ordered
     assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
     assert all(dt == "float32" for _, dt in allocs[n:])
+
+
+# ------------------------------------------------------------------------------------------------ grid limits
+def zero_stride_batch(a, B):
+    """`a` (leading axis 1) seen as B copies along that axis with stride 0: a 'batch' with no memory behind it."""
+    return np.lib.stride_tricks.as_strided(a, shape=(B,) + a.shape[1:], strides=(0,) + a.strides[1:])
+
+
+def test_grid_yz_limit():
+    """Batch rows (BSHD) and THD sequences go into the launch grid's y / z dimension, at most 65535: more is a
+    ValueError naming the argument, before any compile or launch (65535 itself passes the check)."""
+    B = 65536
+    q = cuda(zero_stride_batch(h16(1, 1, 1, 64), B))
+    lse = cuda(zero_stride_batch(f32(1, 1, 1), B))
+    with pytest.raises(ValueError, match="q: 65536 batch rows, more than one kernel launch takes"):
+        fwd.flash_attn_fwd(q, q, q, q, lse, softmax_scale=0.1, causal=False, window=(-1, -1))
+
+    def no_alloc(shape, dtype):
+        raise AssertionError("must not allocate")
+    with pytest.raises(ValueError, match="q: 65536 batch rows"):
+        bwd.flash_attn_bwd(q, q, q, q, q, lse, q, q, q, softmax_scale=0.1, causal=False, window=(-1, -1),
+                           alloc=no_alloc)
+    t = cuda(h16(65536, 1, 64))
+    tl = cuda(f32(1, 65536))
+    cu = cuda(np.arange(65536, dtype=np.int32))              # 65535 sequences: 65536 grid slices in the forward
+    with pytest.raises(ValueError, match="cu_seqlens_q: 65536 sequences \\+ 1"):
+        fwd.flash_attn_fwd(t, t, t, t, tl, softmax_scale=0.1, causal=False, window=(-1, -1), cu_seqlens_q=cu,
+                           cu_seqlens_k=cu, max_seqlen_q=1)
+    cu = cuda(np.arange(65537, dtype=np.int32))              # 65536 sequences
+    t, tl = cuda(h16(65536, 1, 64)), cuda(f32(1, 65536))
+    with pytest.raises(ValueError, match="cu_seqlens_q: 65536 sequences, more than"):
+        bwd.flash_attn_bwd(t, t, t, t, t, tl, t, t, t, softmax_scale=0.1, causal=False, window=(-1, -1),
+                           cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1, max_seqlen_k=1, alloc=no_alloc)
+    tensors.check_grid_yz(65535, "q", "batch rows")

@@ -74,7 +74,7 @@ def dense_indexer_bwd(index_q, index_k, weights, index_score, index_lse, attn_sc
     if index_lse is None:
         raise ValueError("index_lse: required (the recompute's row lse)")
     call = HeadSumCall(("index_q", "index_k", "index_score", "index_lse"), index_q, index_k, index_score, index_lse,
-                       q_offsets, cu_seqlens_q, cu_seqlens_k, 0, ratio)
+                       q_offsets, cu_seqlens_q, cu_seqlens_k, 0, ratio, thd_slices=False)
     w = check_indexer_side(call, weights)
     w.require_inner_contiguous(w.bits // 8)
     if deterministic:

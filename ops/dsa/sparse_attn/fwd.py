@@ -65,7 +65,7 @@ class SparseAttnCall:
     ``v_head_dim``, ``rows`` (query's leading shape), ``empty`` (no query row: nothing to write)."""
 
     def __init__(self, query, kv, topk_indices, out, softmax_lse, attn_sink, topk_length, cu_seqlens_q, cu_seqlens_k):
-        from ...common.tensors import arg_tensor, cu_seqlens_pair
+        from ...common.tensors import arg_tensor, check_grid_yz, cu_seqlens_pair
         self.varlen = cu_seqlens_q is not None
         if self.varlen != (cu_seqlens_k is not None):
             raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
@@ -101,6 +101,7 @@ class SparseAttnCall:
         else:
             if kva.shape[0] != rows[0]:
                 raise ValueError(f"kv: batch {kva.shape[0]} differs from query's {rows[0]}")
+            check_grid_yz(rows[0], "query", "batch rows")
             lse_shape = (rows[0], H, rows[1])
         if len(ia.shape) != len(rows) + 1 or ia.shape[:-1] != rows:
             raise ValueError(f"topk_indices: expected shape {rows} + (K,), got {ia.shape}")
