@@ -28,18 +28,22 @@ class FillSm90:
 
 
 _CACHE = {}
+RANKS = (2, 3)           # dkv / d_index_k: [T, D] (THD) or [B, S, D]
+
+
+def compile_fill(rank):
+    """The fill kernel for a float32 tensor of `rank` axes (one compiled variant per rank, cached)."""
+    fn = _CACHE.get(rank)
+    if fn is None:
+        from cutlass.cute.runtime import make_fake_stream
+        from . import kernel_cache
+        from .head_sum_host import fake_tensor
+        fn = kernel_cache.compile(FillSm90(), fake_tensor(cutlass.Float32, (None,) * rank, 1, 4), Float32(0.0),
+                                  Int32(1), make_fake_stream(), variant=(__name__, "compile_fill", [rank]))
+        _CACHE[rank] = fn
+    return fn
 
 
 def fill_f32(x, rank, value, n, stream):
-    """x: a tvm_ffi float32 tensor of `rank` axes whose n elements are contiguous from its base (the caller checks);
-    one compiled variant per rank."""
-    fn = _CACHE.get(rank)
-    if fn is None:
-        import cutlass.cute as cute
-        from cutlass.cute.runtime import make_fake_stream
-        from .head_sum_host import fake_tensor
-        from .tensors import COMPILE_OPTIONS
-        fn = cute.compile(FillSm90(), fake_tensor(cutlass.Float32, (None,) * rank, 1, 4), Float32(0.0), Int32(1),
-                          make_fake_stream(), options=COMPILE_OPTIONS)
-        _CACHE[rank] = fn
-    fn(x, float(value), int(n), stream)
+    """x: a tvm_ffi float32 tensor of `rank` axes whose n elements are contiguous from its base (the caller checks)."""
+    compile_fill(rank)(x, float(value), int(n), stream)

@@ -121,12 +121,12 @@ def compile_variant(width, groups, rank):
     if fn is None:
         from cutlass.cute.runtime import make_fake_stream
         from .head_sum_host import fake_tensor
-        from .tensors import COMPILE_OPTIONS
+        from . import kernel_cache
         i32 = cutlass.Int32
-        fn = cute.compile(SegmentSumSm90(key[0], key[1]), fake_tensor(Float32, (None, None), 4, 16),
-                          fake_tensor(i32, (None,), 1, 4), fake_tensor(i32, (None,), 1, 4),
-                          fake_tensor(Float32, (None,) * key[2], 4, 16), Int32(1), make_fake_stream(),
-                          options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(SegmentSumSm90(key[0], key[1]), fake_tensor(Float32, (None, None), 4, 16),
+                                  fake_tensor(i32, (None,), 1, 4), fake_tensor(i32, (None,), 1, 4),
+                                  fake_tensor(Float32, (None,) * key[2], 4, 16), Int32(1), make_fake_stream(),
+                                  variant=(__name__, "compile_variant", list(key)))
         _CACHE[key] = fn
     return fn
 

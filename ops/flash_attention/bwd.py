@@ -17,7 +17,8 @@ from cutlass.cute.runtime import make_fake_tensor, make_fake_stream  # noqa: E40
 
 from . import supported  # noqa: E402
 from ..common.mask import effective_window  # noqa: E402
-from ..common.tensors import COMPILE_OPTIONS, arg_tensor, check_grid_yz, cu_seqlens_pair, stream_handle  # noqa: E402
+from ..common import kernel_cache  # noqa: E402
+from ..common.tensors import arg_tensor, check_grid_yz, cu_seqlens_pair, stream_handle  # noqa: E402
 from ..common.switches import choice, env_choice  # noqa: E402
 from .backward_sm90 import FlashBwdSm90, BLOCK_M, BLOCK_N  # noqa: E402
 from .backward_fast_sm90 import FlashBwdSm90Fast, BLOCK_N_FAST  # noqa: E402
@@ -64,6 +65,22 @@ def _fake(dtype, rank, align=16):
     return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
 
+def all_variant_args():
+    """compile_variant's arguments for every kernel the seam can choose (the CPU compile tests, prebuild_kernels.py):
+    the simple kernels of the narrow pairs in both modes, the pipelined ones (modes 1 and 2, the ordered
+    deterministic form), the wide pairs' split form."""
+    narrow = [d for d, dv in supported.BWD_HEAD_DIMS if (d, dv) not in supported.BWD_WIDE_HEAD_DIMS]
+    out = []
+    for dt in supported.DTYPES:
+        for vl in (False, True):
+            out += [(dt, d, vl, det, 0, None, False) for d in narrow for det in (False, True)]
+            out += [(dt, d, vl, False, 1, None, False) for d in narrow]
+            out += [(dt, 128, vl, False, 2, None, False)] if (128, 128) in supported.BWD_HEAD_DIMS else []
+            out += [(dt, d, vl, True, 0, None, True) for d in narrow]
+            out += [(dt, d, vl, True, 0, dv, False) for d, dv in supported.BWD_WIDE_HEAD_DIMS]
+    return out
+
+
 def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic: bool, fast=0, v_head_dim=None,
                     ordered=False):
     """Compile (once, cached) the whole backward for one static configuration; works without a GPU.
@@ -97,7 +114,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
         launcher = FlashBwdSm90Fast(dt, head_dim, varlen, dq_cols=(fast == 2), ordered=ordered)
     else:
         launcher = FlashBwdSm90(dt, head_dim, varlen, deterministic, v_head_dim=v_head_dim)
-    fn = cute.compile(
+    fn = kernel_cache.compile(
         launcher,
         _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r), _fake(dt, r),  # q k v out dout
         _fake(F32, rl, 4), _fake(F32, rl, 4),  # lse dlse
@@ -105,7 +122,8 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
         _fake(F32, rl, 4), _fake(F32, rl, 4), _fake(F32, r, 16),  # lse2 delta dqacc
         cu, cu2, sem,
         cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
-        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(), options=COMPILE_OPTIONS)
+        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(),
+        variant=(__name__, "compile_variant", [dtype_name, head_dim, varlen, deterministic, fast, v_head_dim, ordered]))
     _CACHE[key] = fn
     return fn
 

@@ -60,11 +60,11 @@ def all_variant_keys():
 
 def _compile(key, args):
     _, cutlass, cute, fwd_mod = _lazy()
-    from ..common.tensors import COMPILE_OPTIONS
+    from ..common import kernel_cache
     dtype_name, head_dim, v_head_dim, bounded, varlen = key
     kern = fwd_mod.FlashFwdSm90(_dtype_of(dtype_name), head_dim, bounded, varlen, overlap=OVERLAP,
                                 pingpong=PINGPONG, v_head_dim=v_head_dim)
-    return cute.compile(kern, *args, options=COMPILE_OPTIONS)
+    return kernel_cache.compile(kern, *args, variant=(__name__, "compile_variant", [key]))
 
 
 # Stride divisibility (elements) the compiled code may assume for q/k/v/out; the seam checks 8 (16 bytes) for every

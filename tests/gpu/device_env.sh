@@ -3,6 +3,15 @@
 OUT="${OUT:-/tmp/gpu_out}"
 export OUT PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 mkdir -p "$OUT"
+# The kernel store (ops/common/kernel_cache.py): a kernel variant compiled by one process of the call (a test file,
+# prebuild_kernels.py) is loaded by every later one (the sanitizer runs, the other test files) instead of compiled
+# again. PADDLE_DSA_KERNEL_CACHE= (empty) turns it off.
+# A store an earlier call brought back (check_project.sh with STORE_OUT=1: $OUT/kernel_store.tar.xz), carried as
+# .device/kernel_store.tar.xz, seeds it (entries whose host CPU differs are never hit: the CPU is in their key).
+export PADDLE_DSA_KERNEL_CACHE="${PADDLE_DSA_KERNEL_CACHE-/tmp/pdsa_kernels}"
+if [ -n "$PADDLE_DSA_KERNEL_CACHE" ] && [ -f .device/kernel_store.tar.xz ] && [ ! -d "$PADDLE_DSA_KERNEL_CACHE" ]; then
+  mkdir -p "$PADDLE_DSA_KERNEL_CACHE" && tar -xJf .device/kernel_store.tar.xz -C "$PADDLE_DSA_KERNEL_CACHE"
+fi
 
 # run_suite TEST SANITIZER PYTEST_S SAN_S: tests/gpu/TEST.py, then tests/gpu/SANITIZER.py under compute-sanitizer
 # racecheck and memcheck, through run_device.sh (its log: $OUT/run_device.log); prints the test log's failure lines.

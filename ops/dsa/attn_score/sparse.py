@@ -40,10 +40,10 @@ def fake_args(key):
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        import cutlass.cute as cute
-        from ...common.tensors import COMPILE_OPTIONS
+        from ...common import kernel_cache
         from .sparse_sm90 import SparseAttnScoreSm90
-        fn = cute.compile(SparseAttnScoreSm90(*key), *fake_args(key), options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(SparseAttnScoreSm90(*key), *fake_args(key),
+                                  variant=(__name__, "compile_variant", [key]))
         _CACHE[key] = fn
     return fn
 

@@ -47,11 +47,11 @@ def fake_args(key):
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        import cutlass.cute as cute
-        from ...common.tensors import COMPILE_OPTIONS
+        from ...common import kernel_cache
         from .score_sm90 import IndexerScoreSm90
         D, H, _, varlen, with_lse, has_off = key
-        fn = cute.compile(IndexerScoreSm90(D, H, varlen, with_lse, has_off), *fake_args(key), options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(IndexerScoreSm90(D, H, varlen, with_lse, has_off), *fake_args(key),
+                                  variant=(__name__, "compile_variant", [key]))
         _CACHE[key] = fn
     return fn
 

@@ -41,11 +41,11 @@ def fake_args(key):
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        import cutlass.cute as cute
-        from ...common.tensors import COMPILE_OPTIONS
+        from ...common import kernel_cache
         from .sparse_sm90 import SparseIndexerScoreSm90
         D, H, _, varlen, has_len = key
-        fn = cute.compile(SparseIndexerScoreSm90(D, H, varlen, has_len), *fake_args(key), options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(SparseIndexerScoreSm90(D, H, varlen, has_len), *fake_args(key),
+                                  variant=(__name__, "compile_variant", [key]))
         _CACHE[key] = fn
     return fn
 

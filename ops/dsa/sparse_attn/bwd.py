@@ -70,10 +70,10 @@ def fake_args(key):
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        import cutlass.cute as cute
-        from ...common.tensors import COMPILE_OPTIONS
+        from ...common import kernel_cache
         from .bwd_sm90 import SparseAttnBwdSm90
-        fn = cute.compile(SparseAttnBwdSm90(*key), *fake_args(key), options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(SparseAttnBwdSm90(*key), *fake_args(key),
+                                  variant=(__name__, "compile_variant", [key]))
         _CACHE[key] = fn
     return fn
 

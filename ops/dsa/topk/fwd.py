@@ -65,12 +65,12 @@ def fake_args(key):
 def compile_variant(key):
     fn = _CACHE.get(key)
     if fn is None:
-        import cutlass.cute as cute
-        from ...common.tensors import COMPILE_OPTIONS
+        from ...common import kernel_cache
         from .stream_sm90 import TopkStreamSm90
         from .topk_sm90 import TopkSm90
         kernel = (TopkStreamSm90 if key[3] else TopkSm90)(*key[:3], by_column=key[4])
-        fn = cute.compile(kernel, *fake_args(key), options=COMPILE_OPTIONS)
+        fn = kernel_cache.compile(kernel, *fake_args(key),
+                                  variant=(__name__, "compile_variant", [key]))
         _CACHE[key] = fn
     return fn
 
