@@ -13,13 +13,16 @@ process loads it (same kernel: 1.6 s, tracing only).
 Key: tracing still runs, and the key is the traced MLIR module itself (printed without source locations, so the
 checkout's path does not matter) plus what else reaches the compiled code: the DSL's compile-affecting settings (its
 own cache key: arch, compiler options, debug / line info, ...; not the runtime libraries' path, which the object code
-does not contain), the compile options, the DSL version and the host CPU's flags (the entry's host code is compiled
-for it: AVX2 on the CI machine). Whatever changes the traced code (a source edit, a class-attribute knob, a module
-constant or environment variable read while tracing) changes the key; a hit is the code a compile would give.
-Nothing about the call (shapes, pointers) is in it: the kernels are compiled for symbolic shapes.
+does not contain), the compile options, the DSL version and the machine type. Whatever changes the traced code (a
+source edit, a class-attribute knob, a module constant or environment variable read while tracing) changes the key; a
+hit is the code a compile would give. Nothing about the call (shapes, pointers) is in it: the kernels are compiled for
+symbolic shapes. The host code of an entry is compiled for the CPU that built it (LLVM's native target: AVX2 on the CI
+machine), so an entry records that CPU's features and is used only where all of them are present (ForeignEntry:
+compiled here, the entry replaced); so a store built on one machine serves another of the same or a newer CPU.
 
-Entry ``<key>.o``: a header (magic, the entry function's name, the body's sha256) and the object code the DSL itself
-links for its JIT path (``export_module_to_bytes``, same flags). A hit loads it the way the DSL does (JITLink
+Entry ``<key>.o``: a header (magic, the entry function's name, the build CPU's features, the body's sha256) and the
+object code the DSL itself links for its JIT path (``export_module_to_bytes``, same flags). A hit loads it the way
+the DSL does (JITLink
 ``BinaryExecutionEngine``, ``__tvm_ffi_<name>``): the same entry function, which checks every argument (count,
 dtype, device, rank, alignment) before a launch as the JIT one does. It is positional-only (no keyword wrapper): every
 seam passes all arguments positionally. Written to a temporary file and renamed, so concurrent processes never see
@@ -30,6 +33,7 @@ Manifest ``manifest.jsonl``: one line per entry written by a seam that names its
 (``variant=(module, function, args)``), so ``tests/gpu/prebuild_kernels.py`` can compile a list of variants in
 parallel processes before a test run.
 """
+import functools
 import hashlib
 import json
 import os
@@ -39,7 +43,7 @@ import threading
 import warnings
 
 ENV = "PADDLE_DSA_KERNEL_CACHE"
-MAGIC = b"paddle_dsa kernel 1\n"
+MAGIC = b"paddle_dsa kernel 2\n"
 MANIFEST = "manifest.jsonl"
 
 _LOCK = threading.Lock()
@@ -67,14 +71,22 @@ def _warn_once(what, err):
                       RuntimeWarning, stacklevel=3)
 
 
-def _host_id():
-    flags = ""
+# /proc/cpuinfo flags that name no instruction a compiler could emit (timers, mitigations, OS and VM features)
+_NOT_ISA = frozenset("hypervisor constant_tsc nonstop_tsc tsc_known_freq tsc_deadline_timer tsc_adjust xtopology "
+                     "cpuid_fault arat md_clear flush_l1d arch_capabilities ssbd ibrs ibpb stibp ibrs_enhanced "
+                     "bus_lock_detect umip smep smap".split())
+
+
+@functools.lru_cache(maxsize=1)
+def host_features():
+    """The CPU features of this host an entry's host code may use (LLVM compiles it for the build host): the
+    /proc/cpuinfo flags less the non-instruction ones; empty where there is no /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            line = next((x for x in f if x.startswith("flags")), "")
     except OSError:
-        pass
-    return f"{platform.machine()}|{flags.strip()}"
+        line = ""
+    return frozenset(line.partition(":")[2].split()) - _NOT_ISA
 
 
 def _settings(dsl):
@@ -89,27 +101,36 @@ def module_key(dsl, module, function_name):
     import cutlass
     h = hashlib.sha256()
     for part in (function_name, module.operation.get_asm(enable_debug_info=False), _settings(dsl),
-                 dsl.compile_options.to_str(), getattr(cutlass, "__version__", "?"), _host_id()):
+                 dsl.compile_options.to_str(), getattr(cutlass, "__version__", "?"), platform.machine()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
 
 
+class ForeignEntry(ValueError):
+    """An entry built on a CPU with features this host lacks: compiled here instead (and the entry replaced)."""
+
+
 def _read_entry(path):
+    """(entry function name, body) of a whole, intact entry whose host code this CPU can run."""
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(MAGIC):
         raise ValueError("not an entry of this format")
-    name, digest, body = data[len(MAGIC):].split(b"\n", 2)
+    name, features, digest, body = data[len(MAGIC):].split(b"\n", 3)
     if hashlib.sha256(body).hexdigest().encode() != digest:
         raise ValueError("checksum mismatch")
+    missing = set(features.decode().split()) - host_features()
+    if missing:
+        raise ForeignEntry(f"built on a CPU with {' '.join(sorted(missing))}, which this one lacks")
     return name.decode(), body
 
 
 def _write_entry(path, name, body):
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + name.encode() + b"\n" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        f.write(MAGIC + name.encode() + b"\n" + " ".join(sorted(host_features())).encode() + b"\n"
+                + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
     os.replace(tmp, path)
 
 
@@ -120,7 +141,10 @@ def _load(name, body):
     from cutlass.base_dsl.env_manager import get_prefix_dsl_libs
     libs = get_prefix_dsl_libs("CUTE_DSL")
     engine = BinaryExecutionEngine(body, libs.split(os.pathsep) if libs else [], True)
-    return tvm_ffi.Function.__from_extern_c__(engine.lookup("__tvm_ffi_" + name), keep_alive_object=engine)
+    ptr = engine.lookup("__tvm_ffi_" + name)
+    if not ptr:
+        raise ValueError(f"no entry function __tvm_ffi_{name} in the object")
+    return tvm_ffi.Function.__from_extern_c__(ptr, keep_alive_object=engine)
 
 
 def _object_code(fn):
@@ -143,6 +167,9 @@ def compile(kernel, *args, variant=None):  # noqa: A001  (the module's one verb)
     from .tensors import COMPILE_OPTIONS
     directory = cache_dir()
     if directory is None:
+        return cute.compile(kernel, *args, options=COMPILE_OPTIONS)
+    if not host_features():
+        _warn_once("no CPU feature list (/proc/cpuinfo) to check entries against", OSError("store off"))
         return cute.compile(kernel, *args, options=COMPILE_OPTIONS)
     try:
         from cutlass.cutlass_dsl.cutlass import CutlassBaseDSL
@@ -182,6 +209,9 @@ def compile(kernel, *args, variant=None):  # noqa: A001  (the module's one verb)
             loaded = _load(name, body)
             STATS["hits"] += 1
             return loaded
+        except ForeignEntry as e:
+            _warn_once("entries from another CPU", e)
+            fn = cute.compile(kernel, *args, options=COMPILE_OPTIONS)
         except Exception as e:  # noqa: BLE001  (any unusable entry: compile as if absent, then overwrite it)
             _warn_once(f"entry {os.path.basename(hit.path)} unusable", e)
             fn = cute.compile(kernel, *args, options=COMPILE_OPTIONS)

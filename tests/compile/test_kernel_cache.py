@@ -103,6 +103,25 @@ def test_unusable_entry_is_compiled_over(store):
     assert type(compile_fill()) is tvm_ffi.Function
 
 
+def test_entry_from_another_cpu(store):
+    """An entry whose build CPU had a feature this one lacks is not loaded: compiled here, the entry replaced."""
+    compile_fill()
+    (name,) = entries(store)
+    path = store / name
+    magic, fn_name, features, rest = path.read_bytes().split(b"\n", 3)
+    path.write_bytes(b"\n".join([magic, fn_name, features + b" zz_feature_of_another_cpu", rest]))
+    before = dict(kernel_cache.STATS)
+    with pytest.warns(RuntimeWarning, match="another CPU"):
+        assert type(compile_fill()).__name__.startswith("TVMFFIJitCompiled")
+    assert kernel_cache.STATS["compiled"] == before["compiled"] + 1
+    assert b"zz_feature" not in path.read_bytes()
+    assert type(compile_fill()) is tvm_ffi.Function
+    # an entry built on a CPU with fewer features is used
+    magic, fn_name, features, rest = path.read_bytes().split(b"\n", 3)
+    path.write_bytes(b"\n".join([magic, fn_name, b" ".join(features.split()[:5]), rest]))
+    assert type(compile_fill()) is tvm_ffi.Function
+
+
 PROCESS = """
 import os, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})

@@ -6,8 +6,10 @@ mkdir -p "$OUT"
 # The kernel store (ops/common/kernel_cache.py): a kernel variant compiled by one process of the call (a test file,
 # prebuild_kernels.py) is loaded by every later one (the sanitizer runs, the other test files) instead of compiled
 # again. PADDLE_DSA_KERNEL_CACHE= (empty) turns it off.
-# A store an earlier call brought back (check_project.sh with STORE_OUT=1: $OUT/kernel_store.tar.xz), carried as
-# .device/kernel_store.tar.xz, seeds it (entries whose host CPU differs are never hit: the CPU is in their key).
+# A store carried as .device/kernel_store.tar.xz seeds it: one an earlier call brought back (check_project.sh with
+# STORE_OUT=1: $OUT/kernel_store.tar.xz), or one built on the CPU machine (PADDLE_DSA_KERNEL_CACHE=/tmp/s python
+# tests/gpu/prebuild_kernels.py --all --jobs 2; then tar -cJf .device/kernel_store.tar.xz -C /tmp/s .). An entry
+# built on a CPU with a feature this host lacks is compiled here instead (ops/common/kernel_cache.py).
 export PADDLE_DSA_KERNEL_CACHE="${PADDLE_DSA_KERNEL_CACHE-/tmp/pdsa_kernels}"
 if [ -n "$PADDLE_DSA_KERNEL_CACHE" ] && [ -f .device/kernel_store.tar.xz ] && [ ! -d "$PADDLE_DSA_KERNEL_CACHE" ]; then
   mkdir -p "$PADDLE_DSA_KERNEL_CACHE" && tar -xJf .device/kernel_store.tar.xz -C "$PADDLE_DSA_KERNEL_CACHE"

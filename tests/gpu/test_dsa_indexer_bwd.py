@@ -2,7 +2,8 @@
 (tests/gpu/dsa_ref.py sparse_indexer_bwd from the same statistics): d_index_q, d_index_k, d_weights NaN-poisoned
 before every run (d_index_k too: the seam zeroes it); gates: d_index_q's and d_weights' worst-row relative error and
 d_index_k's rel_rms within 2x the float32 implementation that rounds where the kernel must (dA to bf16, dq to bf16);
-no NaN/inf for finite inputs; rows with no valid slot and rows with index_lse = +inf: zero gradients.
+no NaN/inf for finite inputs; rows with no valid slot and rows with index_lse = +inf: zero gradients; index_lse
+-1e30 / -inf: finite (p clamped at 1).
 Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), Hi 16/32/64, Di 64/128, weights bf16/fp32,
 topk_length random and 0, invalid / duplicate slots, NaN in a selected key row (reaches only the rows selecting it),
 bitwise reruns of dq and d_weights (d_index_k: fp32 atomics, within the re-association bound), a CUDA graph capture.
@@ -137,6 +138,22 @@ def test_topk_length_invalid_and_lse_inf(H, D, w_dtype):
     dq, _, dw = check(q, k, w, idx, topk_length=tl, spoil=spoil)
     for r in ((0, 0), (0, 3), (1, 7)):
         assert (dq[r] == 0).all() and (dw[r] == 0).all(), r
+
+
+@pytest.mark.parametrize("bad", [-1e30, float("-inf")])
+def test_degenerate_lse_low(bad):
+    """index_lse -1e30 or -inf (below every score: x = s - lse is huge or +inf): p = e^min(x, 0) = 1 on each valid
+    slot, no overflow; gradients finite and within the gate, other rows unaffected."""
+    Sq, Sk, K = 24, 300, 256
+    q, k, w = inputs((2, Sq), Sk, 64, 128, torch.float32, 13)
+    idx = indices((2, Sq), K, Sk)
+
+    def spoil(lse):
+        lse = lse.clone()
+        lse[0, 5] = bad
+        lse[1, 11] = bad
+        return lse
+    check(q, k, w, idx, spoil=spoil)
 
 
 @pytest.mark.parametrize("H,D,w_dtype", CASES[:3])

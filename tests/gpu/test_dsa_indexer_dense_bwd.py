@@ -5,7 +5,7 @@ same slots must give bitwise the same d_index_q and d_weights (d_index_k: fp32 a
 bound). Gates as test_dsa_indexer_bwd.py: d_index_q / d_weights worst-row and d_index_k rel_rms within 2x the
 float32 implementation that rounds where the kernel must; outputs NaN-poisoned before every run.
 Cases: BSHD causal / not, ratio 1 and 4, q_offsets; THD with empty and 1-row segments, q_offsets, rows past
-cu_seqlens_q[-1]; index_lse +inf (zero gradients) and -1e30 (finite); rows that see no key (ratio, negative
+cu_seqlens_q[-1]; index_lse +inf (zero gradients), -1e30 and -inf (finite); rows that see no key (ratio, negative
 offsets); bitwise reruns; a CUDA graph capture; the seed-003 race test (8 reruns on THD shapes, every d_index_k
 element's spread within (N - 1) 2^-24 sum|t_i|). Deterministic mode (tests/gpu/workspace.py, poisoned): the same
 gates, all three gradients bitwise equal to the sparse kernel's deterministic mode on the same slots (same entries,
@@ -179,9 +179,9 @@ def test_thd(H, D, w_dtype):
         assert (dq[end:] == 0).all() and (dw[end:] == 0).all()
 
 
-@pytest.mark.parametrize("bad", [float("inf"), -1e30])
+@pytest.mark.parametrize("bad", [float("inf"), -1e30, float("-inf")])
 def test_degenerate_lse(bad):
-    """index_lse = +inf switches a row off (zero gradients); -1e30 (below every score) stays finite."""
+    """index_lse = +inf switches a row off (zero gradients); -1e30 and -inf (below every score) stay finite."""
     case = Case([24, 24], [200, 200], 64, 128, torch.float32, seed=7)
     lse = case.lse.clone()
     lse[1, 7] = bad

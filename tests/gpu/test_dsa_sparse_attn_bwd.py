@@ -4,7 +4,7 @@ NaN-poisoned before every run (dkv too: the seam zeroes it); gates: dq's worst (
 rel_rms within 2x the float32 implementation that rounds where the kernel must (c dS and P to bf16, dq to bf16),
 d_sink within 2x its absolute error; no NaN/inf for finite inputs; rows with no valid slot: dq exactly 0.
 Cases: BSHD and THD (empty segment, rows past cu_seqlens_q[-1]), topk_length random and 0, invalid / duplicate
-slots, whole invalid blocks, Skv < K, sinks and dlse, degenerate lse (-1e30, +inf), bitwise reruns of dq and
+slots, whole invalid blocks, Skv < K, sinks and dlse, degenerate lse (-1e30, -inf, +inf), bitwise reruns of dq and
 d_sink_rows (dkv: fp32 atomics, within the re-association bound), a CUDA graph capture. Deterministic mode
 (deterministic=True, tests/gpu/workspace.py: staging buffer NaN-poisoned, keys poisoned with 0, so an unwritten key
 or a read of an unwritten staging row puts NaN into dkv): the same gates, dq / d_sink_rows equal to the default mode's
@@ -176,9 +176,9 @@ def test_sink_and_dlse(H):
     check(q, kv, idx, 1 / math.sqrt(D), dlse_scale=1.0)
 
 
-@pytest.mark.parametrize("bad", [-1e30, float("inf")])
+@pytest.mark.parametrize("bad", [-1e30, float("-inf"), float("inf")])
 def test_degenerate_lse(bad):
-    """A degenerate lse (smaller than every logit, or +inf) gives finite gradients: the probabilities are clamped to
+    """A degenerate lse (smaller than every logit: -1e30 or -inf, or +inf) gives finite gradients: the probabilities are clamped to
     <= 1 (an lse of +inf: all 0)."""
     H, D, Sq, Skv, K = 64, 576, 8, 200, 64
     q, kv = inputs((1, Sq), Skv, H, D, 3)
