@@ -161,6 +161,8 @@ def test_prebuild_replays_a_manifest(tmp_path):
     assert "3 variants, 3 compiled, 0 in the store, 0 failed" in run()
     assert len(entries(store)) == 3
     assert "3 variants, 0 compiled, 3 in the store, 0 failed" in run()
+    check = subprocess.run([sys.executable, script, "--check"], env=env, capture_output=True, text=True, check=True)
+    assert "3 entries, 3 loadable here" in check.stdout
     seen = {json.dumps(json.loads(x), sort_keys=True) for x in (store / kernel_cache.MANIFEST).read_text().splitlines()}
     assert seen == {json.dumps(x, sort_keys=True) for x in lines}
 

@@ -82,14 +82,38 @@ def _work(batch):
     return kernel_cache.STATS["compiled"], kernel_cache.STATS["hits"], failed
 
 
+def check_store(directory):
+    """One line: the store's entries and how many this host can load (an entry needs every CPU feature of its
+    builder); the features it lacks, if any."""
+    sys.path.insert(0, ROOT)
+    from ops.common import kernel_cache
+    names = [n for n in os.listdir(directory) if n.endswith(".o")] if os.path.isdir(directory) else []
+    usable, missing = 0, set()
+    for n in names:
+        try:
+            kernel_cache._read_entry(os.path.join(directory, n))
+            usable += 1
+        except kernel_cache.ForeignEntry:
+            with open(os.path.join(directory, n), "rb") as f:
+                features = f.read().split(b"\n", 4)[2].decode().split()
+            missing |= set(features) - kernel_cache.host_features()
+        except Exception:  # noqa: BLE001  (unusable for another reason: counted as not usable)
+            pass
+    print(f"kernel store {directory}: {len(names)} entries, {usable} loadable here"
+          + (f"; this CPU lacks: {' '.join(sorted(missing))}" if missing else ""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("manifests", nargs="*")
     ap.add_argument("--all", action="store_true", help="every variant of every seam (default knobs)")
     ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--check", action="store_true", help="only say how many entries this host can load")
     a = ap.parse_args()
     if not os.environ.get("PADDLE_DSA_KERNEL_CACHE"):
         sys.exit("prebuild_kernels.py: set PADDLE_DSA_KERNEL_CACHE to the store's directory")
+    if a.check:
+        return check_store(os.environ["PADDLE_DSA_KERNEL_CACHE"])
     variants = _unique((all_variants() if a.all else []) + read_manifests(a.manifests))
     t0 = time.time()
     batches = [variants[i::a.jobs] for i in range(a.jobs)]           # interleaved: each seam spread over workers
