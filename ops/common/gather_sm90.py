@@ -75,8 +75,10 @@ class GatherHints:
     sm90 gather does both); 3 = the hint, and evict_last only while the whole kv (all batches) is at most
     EVICT_LAST_KV_BYTES, else evict_normal (chosen at run time). Same run on an H100 (docs/performance.md, "Launch order
     and the gather's L2 hints"), sparse attention forward, H 128, Skv 8K / 32K / 64K: 0 537 / 485 / 467 TFLOP/s, 1 524 /
-    532 / 496, 2 569 / 513 / 476 (outputs bitwise equal); its backward 1.00x. 3, and every hint in the score
-    recomputes, have not run on a GPU yet."""
+    532 / 496, 2 569 / 513 / 476 (outputs bitwise equal); its backward 1.00x. H200 2026-12-05 (two runs, 0 -> 3): 8K
+    530 -> 578 and 509 -> 542, 32K 531 -> 525 and 530 -> 486, 64K 473 -> 477 and 460 -> 504; sparse indexer recompute
+    0.614 -> 0.579 ms; sparse attention-score recompute 3.20 -> 3.31 ms (slower: stays 0). Form 3 is the default of
+    the sparse attention forward and the sparse indexer recompute (their classes set it); the mixin's default is 0."""
 
     GATHER_PREFETCH = 0
     EVICT_LAST_KV_BYTES = 16 << 20

@@ -273,14 +273,14 @@ def test_rejects_unsupported():
         sparse_attn_fwd(q, kv, idx, out, lse, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("knobs", [dict(LAG=2), dict(LAG=4), dict(GATHER_PREFETCH=1), dict(GATHER_PREFETCH=2),
-                                   dict(GATHER_PREFETCH=3), dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0)])
+@pytest.mark.parametrize("knobs", [dict(LAG=2), dict(LAG=4), dict(GATHER_PREFETCH=0), dict(GATHER_PREFETCH=1),
+                                   dict(GATHER_PREFETCH=2), dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0)])
 def test_schedules(monkeypatch, knobs):
     """Producer lags (SparseAttnFwdSm90.LAG: chunk groups of cp.async in flight before the oldest is published, up
-    to the 4 groups of a pair) and the gather's copies on trial (GATHER_PREFETCH: 1 inline PTX with the L2::256B hint
-    and the swizzled address computed by hand, 2 and an evict_last policy, 3 evict_last or evict_normal by the kv's
-    size at run time, EVICT_LAST_KV_BYTES 0 forcing evict_normal) give bitwise the default's results: dense with
-    topk_length and invalid blocks (odd and even block counts)."""
+    to the 4 groups of a pair) and the gather's copy forms (GATHER_PREFETCH: 0 the DSL's cp.async.cg atom, 1 inline
+    PTX with the L2::256B hint and the swizzled address computed by hand, 2 and an evict_last policy, 3 (the default)
+    evict_last or evict_normal by the kv's size at run time, EVICT_LAST_KV_BYTES 0 forcing evict_normal) give bitwise
+    the default's results: dense with topk_length and invalid blocks (odd and even block counts)."""
     from ops.dsa.sparse_attn import fwd, fwd_sm90
     cls = fwd_sm90.SparseAttnFwdSm90
     H, D, Sq, Skv, K = 128, 576, 30, 900, 320

@@ -9,7 +9,8 @@ CTAs an SM.
 Status (H200, 2026-12-04): tests/gpu/test_dsa_sparse_scores.py 32 passed (both kinds), racecheck/memcheck clean;
 Sq 4K, top-k 2048, 64 heads, Di 128: 0.62 ms = 221 TFLOP/s with two CTAs an SM (0.96 ms with one, 2.17 ms before
 the producer kept 3 chunks in flight); cuDNN frontend 0.38 ms in the same run (0.62x). Still one query row per CTA:
-several rows per CTA and a persistent grid are the next levers (docs/performance.md).
+several rows per CTA and a persistent grid are the next levers (docs/performance.md). Gathers with the L2 hints of
+gather_sm90.GatherHints form 3 since 2026-12-05 (H200 same run: 0.614 -> 0.579 ms, bitwise equal).
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .score_sm90 import IndexerEpilogue
@@ -19,6 +20,7 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
     """One compiled variant: (head_dim, heads, varlen, has_length); the weight dtype comes with mC."""
 
     STAGES = 4          # two CTAs an SM (bench/sparse_score_shapes.py, H200 2026-12-04: 0.958 -> 0.622 ms, same bits)
+    GATHER_PREFETCH = 3   # L2 hints (gather_sm90.GatherHints): H200 2026-12-05, 0.614 -> 0.579 ms (2: 0.577), same bits
     MIN_BLOCKS = 2      # registers capped at 80 (ptxas: 80, 52 bytes of spill); 2 x (16 + 64) KiB of shared memory
     REGS = (40, 96)
 

@@ -86,8 +86,10 @@ lane a warp arriving with a count of 32 (562 vs 556 with both, within run-to-run
 moved behind an issued P V (532 vs 556), W0's next S behind its last P V (383-400 vs 406), producer lags of 6 and 8
 chunks (within 1 %). A row's head-group CTAs adjacent in launch order (2026-12-05 19:20, H100,
 perf/launch_order_2026-12-05T1920.txt; bitwise equal; tests of both orders passed): 523 -> 551 TFLOP/s at Skv 8K, 478 ->
-491 at 32K, 429 -> 480 at 64K. The gather's L2 hints (gather_sm90.GatherHints) are on trial. Issue 11 target: 550
-TFLOP/s.
+491 at 32K, 429 -> 480 at 64K. The gather's L2 hints (gather_sm90.GatherHints): form 3 the default since 2026-12-05
+22:00 (H200, two same-run A/Bs against the DSL copies, outputs bitwise equal: Skv 8K 530 -> 578 and 509 -> 542 TFLOP/s,
+32K 531 -> 525 and 530 -> 486, 64K 473 -> 477 and 460 -> 504; tests and racecheck / memcheck clean with it). Issue 11
+target: 550 TFLOP/s.
 """
 import math
 
@@ -124,6 +126,7 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
 
     LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
     GATHER_PERIOD = 2
+    GATHER_PREFETCH = 3   # the L2::256B hint, evict_last while the kv fits EVICT_LAST_KV_BYTES (module docstring)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
