@@ -125,7 +125,7 @@ def test_entry_from_another_cpu(store):
 PROCESS = """
 import os, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
-from test_kernel_cache import compile_fill
+from test_kernel_cache_host import compile_fill
 from ops.common import kernel_cache
 compile_fill()
 print(kernel_cache.STATS["hits"], kernel_cache.STATS["compiled"])
