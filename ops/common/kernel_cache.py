@@ -22,9 +22,8 @@ compiled here, the entry replaced); so a store built on one machine serves anoth
 
 Entry ``<key>.o``: a header (magic, the entry function's name, the build CPU's features, the body's sha256) and the
 object code the DSL itself links for its JIT path (``export_module_to_bytes``, same flags). A hit loads it the way
-the DSL does (JITLink
-``BinaryExecutionEngine``, ``__tvm_ffi_<name>``): the same entry function, which checks every argument (count,
-dtype, device, rank, alignment) before a launch as the JIT one does. It is positional-only (no keyword wrapper): every
+the DSL does (JITLink ``BinaryExecutionEngine``, ``__tvm_ffi_<name>``): the same entry function, which checks every
+argument (count, dtype, device, rank, alignment) before a launch as the JIT one does. It is positional-only (no keyword wrapper): every
 seam passes all arguments positionally. Written to a temporary file and renamed, so concurrent processes never see
 half an entry. A corrupt or unreadable entry, or an unwritable directory: one warning, then the plain compile.
 ``CUTE_DSL_KEEP`` set (PTX / cubin dumps): the store is bypassed, so a dump always comes from a real compile.
@@ -108,7 +107,11 @@ def module_key(dsl, module, function_name):
 
 
 class ForeignEntry(ValueError):
-    """An entry built on a CPU with features this host lacks: compiled here instead (and the entry replaced)."""
+    """An entry built on a CPU with features this host lacks (``missing``): compiled here instead, the entry replaced."""
+
+    def __init__(self, missing):
+        super().__init__(f"built on a CPU with {' '.join(sorted(missing))}, which this one lacks")
+        self.missing = frozenset(missing)
 
 
 def _read_entry(path):
@@ -122,7 +125,7 @@ def _read_entry(path):
         raise ValueError("checksum mismatch")
     missing = set(features.decode().split()) - host_features()
     if missing:
-        raise ForeignEntry(f"built on a CPU with {' '.join(sorted(missing))}, which this one lacks")
+        raise ForeignEntry(missing)
     return name.decode(), body
 
 

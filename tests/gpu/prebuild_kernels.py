@@ -93,10 +93,8 @@ def check_store(directory):
         try:
             kernel_cache._read_entry(os.path.join(directory, n))
             usable += 1
-        except kernel_cache.ForeignEntry:
-            with open(os.path.join(directory, n), "rb") as f:
-                features = f.read().split(b"\n", 4)[2].decode().split()
-            missing |= set(features) - kernel_cache.host_features()
+        except kernel_cache.ForeignEntry as e:
+            missing |= e.missing
         except Exception:  # noqa: BLE001  (unusable for another reason: counted as not usable)
             pass
     print(f"kernel store {directory}: {len(names)} entries, {usable} loadable here"

@@ -6,20 +6,13 @@ inputs. Outputs NaN-poisoned (-7 for indices) before each run; the loaded kernel
 the compiled one's, and the top-k must equal torch's stable sort (its semantics are a total order).
 Run: python -m pytest -q tests/gpu/test_kernel_cache.py
 """
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, HERE)
-
-from ops.common import kernel_cache  # noqa: E402
+from ops.common import kernel_cache  # noqa: E402  (repo root on sys.path: tests/gpu/conftest.py)
 
 DEV = "cuda"
 
