@@ -59,7 +59,6 @@ BK = 64
 NUM_THREADS = 384
 CONSUMER_WARPS = 8
 PIECE = 8            # bf16 elements per 16-byte cp.async
-LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
 
 
 class SparseHeadSumSm90(GatherHints):
@@ -71,6 +70,7 @@ class SparseHeadSumSm90(GatherHints):
     MIN_BLOCKS = 1       # CTAs resident per SM (the launch bound: registers per thread <= 64 K / (384 MIN_BLOCKS))
     HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
+    LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
@@ -432,16 +432,16 @@ class SparseHeadSumSm90(GatherHints):
         of chunk g + LAG (stage of chunk g + LAG - stages, freed once chunk g + LAG - stages + 1 was published) never
         waits on its own unpublished chunks while LAG <= stages - 2."""
         if self.HEAD_SPLIT:
-            assert LAG <= self.stages - 2, self.stages
-            return LAG
+            assert self.LAG <= self.stages - 2, self.stages
+            return self.LAG
         if self.PROMOTE > 0 or self.NC == 1:
             # the other consumer's chunks interleave: the gap is >= stages / 2, exactly stages when whole blocks fill
             # a half ring
             gap = self.stages if (self.stages // 2) % self.NC == 0 else self.stages // 2
-            assert LAG < gap, (self.stages, self.NC)
-            return LAG
+            assert self.LAG < gap, (self.stages, self.NC)
+            return self.LAG
         assert self.stages == 8, self.stages      # the chained release was shown for half rings of 4
-        return LAG if self.NC <= 2 else 1
+        return self.LAG if self.NC <= 2 else 1
 
     def chunk_state(self, g, producer):
         """Ring state of the producer's g-th chunk (block g // NC, chunk g % NC): the consumer n % 2's half ring
