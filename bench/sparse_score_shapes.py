@@ -10,7 +10,10 @@ Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in
 --hints: the default launch shape with the gather's L2 hints on trial instead (gather_sm90.GatherHints:
 GATHER_PREFETCH 0 / 1 / 2 / 3).
 
-Run:  python bench/sparse_score_shapes.py [--iters N] [--hints]
+--ncu: one launch of the default kernel and one of cuDNN frontend's between cudaProfilerStart / Stop, nothing timed
+(tests/gpu/profile_sparse_idx_rec.sh runs it under ncu).
+
+Run:  python bench/sparse_score_shapes.py [--iters N] [--hints | --ncu]
 """
 import argparse
 import os
@@ -45,6 +48,8 @@ def main(a):
                           idx).int()
     st = torch.cuda.current_stream().cuda_stream
     flops = 2.0 * Sq * K * H * D
+    if a.ncu:
+        return profile_once(q, k, w, idx, st)
     variants = HINTS if a.hints else VARIANTS
     default = {n: getattr(Kernel, n) for v in variants for n in v}
     print(f"# sparse indexer recompute {'gather hints' if a.hints else 'launch shapes'}, "
@@ -83,8 +88,33 @@ def main(a):
         print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
 
 
+def profile_once(q, k, w, idx, st):
+    """One launch of ours (default knobs) and one of cuDNN frontend's, both warmed up first, between
+    cudaProfilerStart / Stop: for `ncu --profile-from-start off` (tests/gpu/profile_sparse_idx_rec.sh)."""
+    s = torch.empty(idx.shape, device="cuda")
+    lse = torch.empty(idx.shape[:-1], device="cuda")
+    runs = [("ours", lambda: seam.sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st))]
+    try:
+        import importlib
+        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+        wb = w.bfloat16()
+        runs.append(("cuDNN frontend", lambda: dsa.sparse_indexer_score_recompute_wrapper(q, k, wb, idx)))
+    except Exception as e:  # noqa: BLE001
+        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
+    for _, f in runs:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, f in runs:
+        f()
+        torch.cuda.synchronize()
+        print(f"# profiled: {name}", flush=True)
+    torch.cuda.profiler.stop()
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--hints", action="store_true")
+    p.add_argument("--ncu", action="store_true", help="one launch of ours and of cuDNN's for ncu, nothing timed")
     main(p.parse_args())
