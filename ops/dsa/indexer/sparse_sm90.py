@@ -21,7 +21,7 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
 
     STAGES = 4          # two CTAs an SM (bench/sparse_score_shapes.py, H200 2026-12-04: 0.958 -> 0.622 ms, same bits)
     GATHER_PREFETCH = 3   # L2 hints (gather_sm90.GatherHints): H200 2026-12-05, 0.614 -> 0.579 ms (2: 0.577), same bits
-    MIN_BLOCKS = 2      # registers capped at 80 (ptxas: 80, 52 bytes of spill); 2 x (16 + 64) KiB of shared memory
+    MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06, fp32 weights: 80, 16 B spill); 2 x (16 + 64) KiB smem
     REGS = (40, 96)
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
