@@ -71,6 +71,7 @@ class SparseHeadSumSm90(GatherHints):
     HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
     LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
+    IDX_AHEAD = 1        # blocks ahead the producer loads its pieces' idx (> 1: produce_block, its loop unrolled by it)
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
@@ -252,25 +253,37 @@ class SparseHeadSumSm90(GatherHints):
             raw = cute.make_rmem_tensor((self.pieces,), Int32)           # next block's idx (loads in flight)
             rows = cute.make_rmem_tensor((self.pieces,), Int32)          # this block's gather rows (-1: skip)
             self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
-            for n in cutlass.range(n_blk, unroll=1):
-                for p in cutlass.range_constexpr(self.pieces):       # validate block n's indices (waits)
-                    rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-                self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)   # block n + 1: no wait here
-                for c in cutlass.range_constexpr(NC):
-                    g = n * NC + c
-                    st = self.chunk_state(g, True)
-                    pipe.producer_acquire(st)
-                    sKs = sK[None, None, st.index]
-                    for p in cutlass.range_constexpr(self.pieces):
-                        piece = tidx + 128 * p
-                        if rows[p] >= 0:
-                            # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
-                            src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
-                            dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
-                            copy(src, dst)
-                    cute.arch.cp_async_commit_group()
-                    if g >= lag:
-                        publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
+            if cutlass.const_expr(self.IDX_AHEAD > 1):
+                # under trial (bench/sparse_score_shapes.py): idx of the next IDX_AHEAD blocks in flight, raws[a]
+                # serving the blocks n = a mod IDX_AHEAD of the loop unrolled by IDX_AHEAD
+                raws = [raw] + [cute.make_rmem_tensor((self.pieces,), Int32) for _ in range(self.IDX_AHEAD - 1)]
+                for a in cutlass.range_constexpr(1, self.IDX_AHEAD):
+                    self.load_slots(raws[a], mIdx, batch, row, Int32(a), row_len, tidx)
+                for n0 in cutlass.range(0, n_blk, self.IDX_AHEAD, unroll=1):
+                    for a in cutlass.range_constexpr(self.IDX_AHEAD):
+                        if n0 + a < n_blk:
+                            self.produce_block(pipe, copy, gKv, sK, raws[a], rows, mIdx, batch, row, n0 + a, row_len,
+                                               seqlen_k, k_off, lag, tidx)
+            else:
+                for n in cutlass.range(n_blk, unroll=1):
+                    for p in cutlass.range_constexpr(self.pieces):       # validate block n's indices (waits)
+                        rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+                    self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)   # block n + 1: no wait here
+                    for c in cutlass.range_constexpr(NC):
+                        g = n * NC + c
+                        st = self.chunk_state(g, True)
+                        pipe.producer_acquire(st)
+                        sKs = sK[None, None, st.index]
+                        for p in cutlass.range_constexpr(self.pieces):
+                            piece = tidx + 128 * p
+                            if rows[p] >= 0:
+                                # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
+                                src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
+                                dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
+                                copy(src, dst)
+                        cute.arch.cp_async_commit_group()
+                        if g >= lag:
+                            publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
             total = n_blk * NC
             for j in cutlass.range_constexpr(lag):                 # drain: the last `lag` chunks, oldest first
                 if total - lag + j >= 0:
@@ -389,6 +402,33 @@ class SparseHeadSumSm90(GatherHints):
                     sums[r] = sums[r] + sPart[st.index, c_mn[r, 0][0]]
                 hpipe.consumer_release(st)           # after this thread's reads
                 self.store_block(sums, kcur, c_mn, n, n_valid, n_slots, seqlen_k, quad, mS, stat, batch, row)
+
+    @cute.jit
+    def produce_block(self, pipe, copy, gKv: cute.Tensor, sK: cute.Tensor, raw, rows, mIdx: cute.Tensor,
+                      batch: Int32, row: Int32, n: Int32, row_len: Int32, seqlen_k: Int32, k_off: Int32,
+                      lag: cutlass.Constexpr, tidx: Int32):
+        """The producer's block n: validate its pieces' idx (raw, loaded IDX_AHEAD blocks earlier: the one wait on
+        them), reload raw with block n + IDX_AHEAD's (no wait), then per chunk: acquire its stage, one 16-byte
+        cp.async per valid piece, commit, and publish the chunk `lag` groups back."""
+        per_row = self.DC // PIECE
+        for p in cutlass.range_constexpr(self.pieces):
+            rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
+        self.load_slots(raw, mIdx, batch, row, n + self.IDX_AHEAD, row_len, tidx)
+        for c in cutlass.range_constexpr(self.NC):
+            g = n * self.NC + c
+            st = self.chunk_state(g, True)
+            pipe.producer_acquire(st)
+            sKs = sK[None, None, st.index]
+            for p in cutlass.range_constexpr(self.pieces):
+                piece = tidx + 128 * p
+                if rows[p] >= 0:
+                    # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
+                    src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
+                    dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
+                    copy(src, dst)
+            cute.arch.cp_async_commit_group()
+            if g >= lag:
+                publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
 
     @cute.jit
     def store_block(self, sums, kcur, c_mn, n: Int32, n_valid: Int32, n_slots: Int32, seqlen_k: Int32, quad: Int32,
