@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The owed device run, in priority order, each step only while the call has time for it (BUDGET: seconds this
+# command may run, default 560; pass the call's limit less the prelude's time):
+#   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT && BUDGET=560 bash tests/gpu/owed_run.sh
+# What is owed (2026-12-06): the last H200 run of the whole suite was on 27bf179. The kernels whose IR changed since
+# are the sparse attention forward and the sparse indexer recompute (54db45b, GATHER_PREFETCH = 3); both ran on an
+# H100 only (perf/device_2026-12-06T0030.txt). The IDX_AHEAD sweep of the sparse indexer recompute has never run.
+#   0) with less than FULL_NEED seconds: those two kernels' test files and sanitizers first (~90 s warm)
+#   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
+#   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~60 s),
+#   4) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
+# Each step's summary is printed as it ends (a call cut short still shows what finished); logs in $OUT.
+set -u
+cd "$(dirname "$0")/../.."
+source tests/gpu/device_env.sh
+BUDGET=${BUDGET:-560}
+FULL_NEED=${FULL_NEED:-300}
+g=tests/gpu
+left() { echo $((BUDGET - SECONDS)); }
+step() {   # step NAME NEED: true when NEED seconds are left, else says why the step is skipped
+  if [ "$(left)" -ge "$2" ]; then echo "== $1 (at ${SECONDS}s)"; return 0; fi
+  echo "== $1 skipped: $(left) s left, it needs $2"; return 1
+}
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$(left)" -lt "$FULL_NEED" ] && step "changed kernels" 60; then
+  RUN_JOBS=4 GPU_TESTS="$g/test_dsa_sparse_attn.py $g/test_dsa_sparse_scores.py" \
+    GPU_SANITIZE="$g/sanitize_dsa_sparse_attn.py $g/sanitize_dsa_sparse_scores.py" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
+    timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1
+  sed -n '/================ summary/,$p' "$OUT/changed.log"
+fi
+if step "tests" 170; then
+  RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh tests > "$OUT/tests.log" 2>&1
+  sed -n '/================ summary/,$p' "$OUT/tests.log"
+fi
+if step "sanitize" 110; then
+  RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh sanitize > "$OUT/sanitize.log" 2>&1
+  sed -n '/================ summary/,$p' "$OUT/sanitize.log"
+fi
+if step "IDX_AHEAD sweep" 60; then
+  timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
+  grep -v Warn "$OUT/idx_ahead.txt" | tail -10
+fi
+if step "benches" 60; then
+  { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
+    timeout $(($(left) - 5)) python3 bench/sparse_attention.py
+    timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
+  grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
+fi
+echo "== done at ${SECONDS}s"
