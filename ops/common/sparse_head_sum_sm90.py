@@ -245,7 +245,6 @@ class SparseHeadSumSm90(GatherHints):
                 gKv = mKv[None, None, 0]
             else:
                 gKv = mKv[None, None, batch]
-            per_row = DC // PIECE
             lag = self.lag()
             row_len = n_slots
             if cutlass.const_expr(self.has_length):
@@ -266,24 +265,8 @@ class SparseHeadSumSm90(GatherHints):
                                                seqlen_k, k_off, lag, tidx)
             else:
                 for n in cutlass.range(n_blk, unroll=1):
-                    for p in cutlass.range_constexpr(self.pieces):       # validate block n's indices (waits)
-                        rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-                    self.load_slots(raw, mIdx, batch, row, n + 1, row_len, tidx)   # block n + 1: no wait here
-                    for c in cutlass.range_constexpr(NC):
-                        g = n * NC + c
-                        st = self.chunk_state(g, True)
-                        pipe.producer_acquire(st)
-                        sKs = sK[None, None, st.index]
-                        for p in cutlass.range_constexpr(self.pieces):
-                            piece = tidx + 128 * p
-                            if rows[p] >= 0:
-                                # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
-                                src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
-                                dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
-                                copy(src, dst)
-                        cute.arch.cp_async_commit_group()
-                        if g >= lag:
-                            publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
+                    self.produce_block(pipe, copy, gKv, sK, raw, rows, mIdx, batch, row, n, row_len, seqlen_k, k_off,
+                                       lag, tidx)
             total = n_blk * NC
             for j in cutlass.range_constexpr(lag):                 # drain: the last `lag` chunks, oldest first
                 if total - lag + j >= 0:
