@@ -13,18 +13,19 @@ never by arithmetic), so nothing reaches an output through it.
 Tiling. One CTA = one query row (all H heads: the B operand is the resident Q tile of N = H rows, K-major, one
 TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a block, streamed in chunks of DC
 columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
-  - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async
-    (rows: its slots' idx, loaded one block ahead so their latency hides behind a block of copies, IDX_AHEAD
-    blocks ahead under the knob on trial, CPU-compiled only; invalid slots skipped), commits a cp.async group per chunk, and `lag` chunks later (that group retired,
-    cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk until the next one arrives) fences
-    the async proxy (fence.proxy.async.shared::cta, its writes become visible to wgmma) and arrives on the chunk's
-    full barrier (128 arrivals: all writers, so the consumer's wait orders every lane's stores, not only a fence).
+  - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async (rows:
+    its slots' idx, loaded one block ahead so their latency hides behind a block of copies, or IDX_AHEAD blocks ahead
+    under that knob, on trial and CPU-compiled only; invalid slots skipped), commits a cp.async group per chunk, and
+    `lag` chunks later (that group retired, cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk
+    until the next one arrives) fences the async proxy (fence.proxy.async.shared::cta, its writes become visible to
+    wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's wait orders every
+    lane's stores, not only a fence).
   - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
-    ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release the previous chunk once retired; then
-    the epilogue: f, head sum over the thread's columns and its quad, mask by the slot's validity (the thread's
-    two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx; topk_length read once), store
-    (lanes quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds the same value; merged over
-    lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
+    ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release
+    the previous chunk once retired; then the epilogue: f, head sum over the thread's columns and its quad, mask by
+    the slot's validity (the thread's two slots' idx loaded one block ahead, before the block's wgmmas: prefetch_idx;
+    topk_length read once), store (lanes quad 0 and 1 store rows r and r + 8), statistic (every lane of a quad holds
+    the same value; merged over lanes xor 4, 8, 16 and over the 8 consumer warps through sRed after named barrier 2).
 HEAD_SPLIT (a class knob: on for the attention variant, off for the indexer, whose PROMOTE is 0;
 bench/ab_attn_score.py is the A/B of the two schedules): both consumers take every block, consumer w the heads [w H/2,
 w H/2 + H/2) (B = its half of Q, loaded as two TMA tiles; wgmma N = H/2); the ring is one ring both read (256 arrivals
@@ -71,7 +72,7 @@ class SparseHeadSumSm90(GatherHints):
     HEAD_SPLIT = False   # both consumers on every block, half of the heads each (module docstring); attention: on
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
     LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
-    IDX_AHEAD = 1        # blocks ahead the producer loads its pieces' idx (> 1: produce_block, its loop unrolled by it)
+    IDX_AHEAD = 1        # blocks ahead the producer loads its pieces' idx (> 1, on trial: its loop unrolled by it)
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The owed device run, in priority order, each step only while the call has time for it (BUDGET: seconds this
 # command may run, default 560; pass the call's limit less the prelude's time):
-#   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT && BUDGET=560 bash tests/gpu/owed_run.sh
+#   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
+#     BUDGET=560 bash tests/gpu/owed_run.sh
 # What is owed (2026-12-06): the last H200 run of the whole suite was on 27bf179. The kernels whose IR changed since
 # are the sparse attention forward and the sparse indexer recompute (54db45b, GATHER_PREFETCH = 3); both ran on an
 # H100 only (perf/device_2026-12-06T0030.txt). The IDX_AHEAD sweep of the sparse indexer recompute has never run.
