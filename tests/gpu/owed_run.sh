@@ -3,14 +3,17 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# What is owed (2026-12-06): the last H200 run of the whole suite was on 27bf179. The kernels whose IR changed since
-# are the sparse attention forward and the sparse indexer recompute (54db45b, GATHER_PREFETCH = 3); both ran on an
-# H100 only (perf/device_2026-12-06T0030.txt). The IDX_AHEAD sweep of the sparse indexer recompute has never run.
-#   0) with less than FULL_NEED seconds: those two kernels' test files and sanitizers first (~90 s warm)
+# What is owed (2026-12-06, 04:25): the whole suite ran on the H200 on 005ffe2 (perf/device_2026-12-06T0415.txt);
+# since then main took BlockGather.GATHER_IDX_AHEAD (default 1: PTX identical, store keys changed) and the sparse
+# indexer recompute's IDX_AHEAD = 2 (bitwise equal to 1 in that run). Owed: the suite on this tree, the two sweeps.
+#   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
-#   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~60 s),
-#   4) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
-# Each step's summary is printed as it ends (a call cut short still shows what finished); logs in $OUT.
+#   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~20 s),
+#   4) bench/indexer_bwd_shapes.py (GATHER_IDX_AHEAD sweep, ~60 s),
+#   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s),
+#   6) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
+# Each step's summary is printed as it ends and all of them again at the end (a call's output keeps only its tail);
+# logs in $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh
@@ -24,8 +27,8 @@ step() {   # step NAME NEED: true when NEED seconds are left, else says why the 
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$(left)" -lt "$FULL_NEED" ] && step "changed kernels" 60; then
-  RUN_JOBS=4 GPU_TESTS="$g/test_dsa_sparse_attn.py $g/test_dsa_sparse_scores.py" \
-    GPU_SANITIZE="$g/sanitize_dsa_sparse_attn.py $g/sanitize_dsa_sparse_scores.py" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
+  RUN_JOBS=4 GPU_TESTS="$g/test_dsa_sparse_scores.py $g/test_dsa_indexer_bwd.py $g/test_dsa_sparse_attn.py" \
+    GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py $g/sanitize_dsa_indexer_bwd.py" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/changed.log"
 fi
@@ -41,10 +44,22 @@ if step "IDX_AHEAD sweep" 60; then
   timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
   grep -v Warn "$OUT/idx_ahead.txt" | tail -10
 fi
+if step "GATHER_IDX_AHEAD sweep" 60; then
+  timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/gather_ahead.txt" 2>&1
+  grep -v Warn "$OUT/gather_ahead.txt" | tail -12
+fi
+if step "ncu of the sparse indexer recompute" 100; then
+  timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -45
+fi
 if step "benches" 60; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
 fi
-echo "== done at ${SECONDS}s"
+echo "== done at ${SECONDS}s; the summaries again:"
+for f in changed tests sanitize; do
+  [ -f "$OUT/$f.log" ] && grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/$f.log" | cut -c1-110
+done | tee "$OUT/0_summary.txt"
+# a call brings back the first 8 files of $OUT by name: the summary, sweeps, sanitizer log and ncu report first
+mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT/z/" 2>/dev/null

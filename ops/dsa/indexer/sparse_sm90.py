@@ -23,6 +23,7 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
     GATHER_PREFETCH = 3   # L2 hints (gather_sm90.GatherHints): H200 2026-12-05, 0.614 -> 0.579 ms (2: 0.577), same bits
     MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06, fp32 weights: 80, 16 B spill); 2 x (16 + 64) KiB smem
     REGS = (40, 96)
+    IDX_AHEAD = 2       # idx two blocks ahead: H200 2026-12-06 04:20, 0.578 -> 0.562 ms, same bits (3: 0.929, spills)
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
