@@ -2,8 +2,7 @@
 on the H200.
 
 Each variant sets SparseIndexerBwdSm90.CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
-flight per CTA), REGS (setmaxnreg of producer / consumers) and GATHER_IDX_AHEAD (blocks ahead the producer loads
-its slots' idx: gather_sm90.BlockGather), is compiled and timed at the bench rows' shapes: the
+flight per CTA) and REGS (setmaxnreg of producer / consumers), is compiled and timed at the bench rows' shapes: the
 sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense causal
 backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
 d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in
@@ -28,8 +27,8 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import device_time  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS", "GATHER_IDX_AHEAD")
-VARIANTS = ((2, (40, 232), 1), (2, (40, 232), 2), (2, (40, 232), 3), (3, (40, 152), 1))
+KNOBS = ("CONSUMERS", "REGS")
+VARIANTS = ((2, (40, 232)), (3, (24, 160)), (3, (40, 152)))
 DEV = "cuda"
 
 
@@ -75,15 +74,15 @@ def rel_diff(x, ref):
 def main(a):
     default = {k: getattr(Kernel, k) for k in KNOBS}
     print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
-    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ahead':>5s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
+    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
           flush=True)
     for make in (sparse_case, dense_case):
         name, run, out, flops = make()
         ref = None
-        for w_count, regs, ahead in VARIANTS:
-            for k, v in zip(KNOBS, (w_count, {w_count: regs}, ahead)):
+        for w_count, regs in VARIANTS:
+            for k, v in zip(KNOBS, (w_count, {w_count: regs})):
                 setattr(Kernel, k, v)
-            shape = f"{w_count:2d} {str(regs):>10s} {ahead:5d}"
+            shape = f"{w_count:2d} {str(regs):>10s}"
             sparse_seam._CACHE.clear()
             dense_seam._CACHE.clear()
             try:

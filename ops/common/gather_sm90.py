@@ -164,7 +164,6 @@ class BlockGather(GatherHints):
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    GATHER_IDX_AHEAD = 1  # periods ahead the idx are loaded (> 1, on trial: the period loop unrolled by it)
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -186,69 +185,47 @@ class BlockGather(GatherHints):
     def produce(self, pipe, sK: cute.Tensor, mKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
                 row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sRows=None):
         """n_blk: a multiple of GATHER_PERIOD (blocks past the row's slots are zero-filled and marked invalid)."""
-        PER, AHEAD = self.GATHER_PERIOD, self.GATHER_IDX_AHEAD
+        per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
         order, groups = self.gather_order(), self.gather_groups()
-        assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))]
-        assert self.gather_lag() <= len(order) and AHEAD >= 1
+        assert sorted(order) == [(b, g) for b in range(PER) for g in range(len(groups))] and lag <= len(order)
         copy = self.gather_copy(mKv)
         zero = cute.make_rmem_tensor((PIECE,), self.dt)
         zero.fill(0.0)
         gKv = mKv[None, None, batch]
-        # idx of the next AHEAD periods in flight: raws[a] serves the periods i = a mod AHEAD
-        raws = [cute.make_rmem_tensor((self.pieces, PER), Int32) for _ in range(AHEAD)]
+        raw = cute.make_rmem_tensor((self.pieces, PER), Int32)      # next period's idx (loads in flight)
         rows = cute.make_rmem_tensor((self.pieces, PER), Int32)     # this period's gather rows (-1: zero-fill)
-        for a in cutlass.range_constexpr(AHEAD):
+        for b in cutlass.range_constexpr(PER):
+            self.load_slots(raw, mIdx, batch, row, Int32(b), row_len, tidx, b)
+        for i in cutlass.range(n_blk // PER, unroll=1):
+            n0 = i * PER
             for b in cutlass.range_constexpr(PER):
-                self.load_slots(raws[a], mIdx, batch, row, Int32(a * PER + b), row_len, tidx, b)
-        n_per = n_blk // PER
-        if cutlass.const_expr(AHEAD > 1):
-            for i0 in cutlass.range(0, n_per, AHEAD, unroll=1):
-                for a in cutlass.range_constexpr(AHEAD):
-                    if i0 + a < n_per:
-                        self.produce_period(pipe, sK, gKv, mIdx, batch, row, row_len, k_off, seqlen_k, tidx, sRows,
-                                            copy, zero, raws[a], rows, (i0 + a) * PER)
-        else:
-            for i in cutlass.range(n_per, unroll=1):
-                self.produce_period(pipe, sK, gKv, mIdx, batch, row, row_len, k_off, seqlen_k, tidx, sRows, copy,
-                                    zero, raws[0], rows, i * PER)
-
-    @cute.jit
-    def produce_period(self, pipe, sK: cute.Tensor, gKv: cute.Tensor, mIdx: cute.Tensor, batch: Int32, row: Int32,
-                       row_len: Int32, k_off: Int32, seqlen_k: Int32, tidx: Int32, sRows, copy, zero, raw, rows,
-                       n0: Int32):
-        """The period of blocks n0 .. n0 + GATHER_PERIOD - 1: validate their idx (raw, loaded GATHER_IDX_AHEAD
-        periods earlier: the one wait on them) into rows, reload raw with the period GATHER_IDX_AHEAD later (no wait),
-        then fill the chunks in gather_order(), each published `lag` groups later, the period's last ones at its end."""
-        per_row, lag, PER = 64 // PIECE, self.gather_lag(), self.GATHER_PERIOD
-        order, groups = self.gather_order(), self.gather_groups()
-        for b in cutlass.range_constexpr(PER):
-            for p in cutlass.range_constexpr(self.pieces):
-                rows[p, b] = Int32(cutlass.select_(raw[p, b] >= 0 and raw[p, b] < seqlen_k, k_off + raw[p, b],
-                                                   Int32(-1)))
-        for b in cutlass.range_constexpr(PER):
-            self.load_slots(raw, mIdx, batch, row, n0 + PER * self.GATHER_IDX_AHEAD + b, row_len, tidx, b)
-        for e in cutlass.range_constexpr(len(order)):
-            b, g = order[e]
-            st = self.state(n0 + b, g, True)
-            pipe.producer_acquire(st)
-            if cutlass.const_expr(0 in groups[g] and sRows is not None):
-                self.publish_rows(sRows, rows, n0 + b, tidx, b)
-            for c in groups[g]:
-                for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
-                    dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row,
-                                          self.buffer_index(n0 + b, c, st))
-                    if rows[p, b] >= 0:
-                        src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
-                        copy(src, dst)
-                    else:
-                        cute.autovec_copy(zero, dst)
-            cute.arch.cp_async_commit_group()
-            if cutlass.const_expr(e >= lag):
-                bp, gp = order[e - lag]
-                publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag)
-        for j in cutlass.range_constexpr(lag):              # the period's last `lag` groups, oldest first
-            bp, gp = order[len(order) - lag + j]
-            publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag - 1 - j)
+                for p in cutlass.range_constexpr(self.pieces):
+                    rows[p, b] = Int32(cutlass.select_(raw[p, b] >= 0 and raw[p, b] < seqlen_k, k_off + raw[p, b],
+                                                       Int32(-1)))
+            for b in cutlass.range_constexpr(PER):
+                self.load_slots(raw, mIdx, batch, row, n0 + PER + b, row_len, tidx, b)
+            for e in cutlass.range_constexpr(len(order)):
+                b, g = order[e]
+                st = self.state(n0 + b, g, True)
+                pipe.producer_acquire(st)
+                if cutlass.const_expr(0 in groups[g] and sRows is not None):
+                    self.publish_rows(sRows, rows, n0 + b, tidx, b)
+                for c in groups[g]:
+                    for p in cutlass.range_constexpr(self.pieces if cutlass.const_expr(self.MOVE_DATA) else 0):
+                        dst = self.gather_dst(sK, (tidx + 128 * p) // per_row, tidx % per_row,
+                                              self.buffer_index(n0 + b, c, st))
+                        if rows[p, b] >= 0:
+                            src = cute.local_tile(gKv[rows[p, b], None], (PIECE,), (c * per_row + tidx % per_row,))
+                            copy(src, dst)
+                        else:
+                            cute.autovec_copy(zero, dst)
+                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(e >= lag):
+                    bp, gp = order[e - lag]
+                    publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag)
+            for j in cutlass.range_constexpr(lag):              # the period's last `lag` groups, oldest first
+                bp, gp = order[len(order) - lag + j]
+                publish(pipe, self.stages, self.state(n0 + bp, gp, True).index, lag - 1 - j)
 
     @cute.jit
     def publish_rows(self, sRows: cute.Tensor, rows, n: Int32, tidx: Int32, b: cutlass.Constexpr = 0):
