@@ -3,13 +3,12 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# What is owed (2026-12-06, 04:25): the whole suite ran on the H200 on 005ffe2 (perf/device_2026-12-06T0415.txt);
-# since then main took BlockGather.GATHER_IDX_AHEAD (default 1: PTX identical, store keys changed) and the sparse
-# indexer recompute's IDX_AHEAD = 2 (bitwise equal to 1 in that run). Owed: the suite on this tree, the two sweeps.
+# Last run (2026-12-06 04:41, H100, perf/device_2026-12-06T0441.txt): every step passed or measured; the last H200
+# run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt). Keep the steps' order when the owed kernels change.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~20 s),
-#   4) bench/indexer_bwd_shapes.py (GATHER_IDX_AHEAD sweep, ~60 s),
+#   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
 #   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s),
 #   6) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
 # Each step's summary is printed as it ends and all of them again at the end (a call's output keeps only its tail);
@@ -44,9 +43,9 @@ if step "IDX_AHEAD sweep" 60; then
   timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
   grep -v Warn "$OUT/idx_ahead.txt" | tail -10
 fi
-if step "GATHER_IDX_AHEAD sweep" 60; then
-  timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/gather_ahead.txt" 2>&1
-  grep -v Warn "$OUT/gather_ahead.txt" | tail -12
+if step "indexer backward launch shapes" 60; then
+  timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/bwd_shapes.txt" 2>&1
+  grep -v Warn "$OUT/bwd_shapes.txt" | tail -12
 fi
 if step "ncu of the sparse indexer recompute" 100; then
   timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -45
