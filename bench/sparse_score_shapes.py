@@ -3,8 +3,8 @@
 Each variant sets the kernel class's STAGES (ring buffers of one 64-slot block of key rows), MIN_BLOCKS (CTAs an SM:
 the launch bound caps registers at 64 K / (384 MIN_BLOCKS)), REGS (setmaxnreg of producer / consumers) and LAG (chunks,
 here whole blocks, of cp.async a producer thread keeps in flight; below STAGES: sparse_head_sum_sm90.lag()) and
-IDX_AHEAD (blocks ahead the producer loads its pieces' idx), is
-compiled, checked bit for bit against the first variant (same wgmmas, same epilogue order: the results must be
+IDX_AHEAD (blocks ahead the producer loads its pieces' idx) and LEAN_GATHER (the producer's copies by addresses formed
+once: sparse_head_sum_sm90.produce_block_lean), is compiled, checked bit for bit against the first variant (same wgmmas, same epilogue order: the results must be
 identical; 5 % of the indices invalid), and timed at the bench row's shape: B 1, Sq 4K, Sk 8K, top-k 2048, 64 heads,
 Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in the same run when it is unpacked.
 
@@ -30,9 +30,10 @@ from ops.dsa.indexer import sparse as seam  # noqa: E402
 from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90 as Kernel  # noqa: E402
 from timing import device_time  # noqa: E402
 
-VARIANTS = tuple(dict(STAGES=st, MIN_BLOCKS=mb, REGS=r, LAG=lag, IDX_AHEAD=ia) for st, mb, r, lag, ia in (
-    (4, 2, (40, 96), 3, 1), (4, 2, (40, 96), 3, 2), (4, 2, (40, 96), 3, 3), (4, 2, (56, 88), 3, 2),
-    (8, 1, (40, 232), 3, 1), (8, 1, (40, 232), 3, 2), (8, 1, (40, 232), 7, 3)))
+VARIANTS = tuple(dict(STAGES=st, MIN_BLOCKS=mb, REGS=r, LAG=lag, IDX_AHEAD=ia, LEAN_GATHER=lean)
+                 for st, mb, r, lag, ia, lean in (
+                     (4, 2, (40, 96), 3, 2, False), (4, 2, (40, 96), 3, 1, False), (4, 2, (40, 96), 3, 1, True),
+                     (4, 2, (40, 96), 3, 2, True), (8, 1, (40, 232), 3, 1, True), (8, 1, (40, 232), 3, 2, False)))
 HINTS = tuple(dict(GATHER_PREFETCH=v) for v in (0, 1, 2, 3))
 
 

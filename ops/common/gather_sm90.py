@@ -46,26 +46,44 @@ def l2_policy(priority: str):
                                  has_side_effects=True))
 
 
+def swizzled_address(dst: cute.Tensor):
+    """The shared-memory byte address (Int32) of dst's first element, for a tile with the 128-byte swizzle (pointer
+    type S<3,4,3>: the swizzle acts on the byte address, bits [4, 7) ^= bits [7, 10)), applied here by hand to the
+    unswizzled address, as the DSL's copy does (the PTX of both gave the same addresses for six coordinates, CPU
+    2026-12-05). Adding a multiple of 1024 bytes to an address commutes with the swizzle (bits [4, 10) unchanged)."""
+    ptr = dst.iterator
+    assert "S<3,4,3>" in str(ptr.type), f"swizzled_address: a 128-byte-swizzled tile, got {ptr.type}"
+    a = cute.recast_ptr(ptr, swizzle_=None).toint()
+    return a ^ (((a >> 7) & 7) << 4)
+
+
+def pinned(x):
+    """x (Int32 or Int64) through an opaque register move: formed once where it is defined. LLVM would otherwise
+    rebuild a cheap expression of the thread index at each use (a gathering producer's addresses: ~15 integer
+    instructions a copy) and ptxas does not merge the copies across the copies' branches."""
+    if x.dtype.width == 64:
+        return Int64(llvm.inline_asm(T.i64(), [Int64(x).ir_value()], "mov.b64 $0, $1;", "=l,l"))
+    return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value()], "mov.b32 $0, $1;", "=r,r"))
+
+
+def cp_async_cg_raw(a, g, policy=None, l2_256: bool = True):
+    """One 16-byte cp.async.cg from global byte address g (Int64) to shared byte address a (Int32, swizzled), with
+    the L2::256B prefetch hint (l2_256) and an L2 cache policy (when given), by inline PTX."""
+    hint = ".L2::cache_hint" if policy is not None else ""
+    pre = ".L2::256B" if l2_256 else ""
+    args = [a.ir_value(), g.ir_value()] + ([policy.ir_value()] if policy is not None else [])
+    tail = ", $2" if policy is not None else ""
+    llvm.inline_asm(None, args, f"cp.async.cg.shared.global{hint}{pre} [$0], [$1], 16{tail};",
+                    "r,l" + (",l" if policy is not None else ""), has_side_effects=True)
+
+
 def cp_async_cg_l2_256(dst: cute.Tensor, src: cute.Tensor, policy=None):
     """One 16-byte cp.async.cg with the L2::256B prefetch hint (and an L2 cache policy when given), by inline PTX:
-    the DSL's cp.async atom has no prefetch qualifier. dst: 8 bf16 of a shared-memory tile with the 128-byte swizzle
-    (pointer type S<3,4,3>: the swizzle acts on the byte address, bits [4, 7) ^= bits [7, 10)), applied here by hand
-    to the unswizzled address, as the DSL's copy does (the PTX of both gave the same addresses for six coordinates,
-    CPU 2026-12-05); src: 16 bytes of global memory."""
-    ptr = dst.iterator
-    assert "S<3,4,3>" in str(ptr.type), f"cp_async_cg_l2_256: a 128-byte-swizzled destination, got {ptr.type}"
+    the DSL's cp.async atom has no prefetch qualifier. dst: 8 bf16 of a 128-byte-swizzled shared-memory tile
+    (swizzled_address); src: 16 bytes of global memory."""
     assert cute.size(dst) * dst.element_type.width == 128 and cute.size(src) * src.element_type.width == 128, \
         "cp_async_cg_l2_256 copies 16 bytes"
-    a = cute.recast_ptr(ptr, swizzle_=None).toint()
-    a = a ^ (((a >> 7) & 7) << 4)
-    g = src.iterator.toint()
-    if policy is None:
-        llvm.inline_asm(None, [a.ir_value(), g.ir_value()], "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;",
-                        "r,l", has_side_effects=True)
-    else:
-        llvm.inline_asm(None, [a.ir_value(), g.ir_value(), policy.ir_value()],
-                        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [$0], [$1], 16, $2;", "r,l,l",
-                        has_side_effects=True)
+    cp_async_cg_raw(swizzled_address(dst), src.iterator.toint(), policy)
 
 
 class GatherHints:
@@ -83,12 +101,10 @@ class GatherHints:
     GATHER_PREFETCH = 0
     EVICT_LAST_KV_BYTES = 16 << 20
 
-    def gather_copy(self, mKv: cute.Tensor):
-        """copy(src, dst) of one gathered piece (src: 8 elements of a kv row, dst: their swizzled shared-memory
-        slice); mKv is the kv view [rows, D, batches] (for form 3's size test). Call it once, before the gather loop:
-        forms 2 and 3 create their L2 policy here."""
+    def gather_policy(self, mKv: cute.Tensor):
+        """The L2 policy of forms 2 and 3 (None for 0 and 1); mKv is the kv view [rows, D, batches] (form 3's size
+        test). Call it once, before the gather loop."""
         mode = self.GATHER_PREFETCH
-        atom = gather_atom(self.dt)
         policy = None
         if cutlass.const_expr(mode == 2):
             policy = l2_policy("evict_last")
@@ -96,12 +112,30 @@ class GatherHints:
             kv_rows = mKv.shape[0] * mKv.shape[2]
             small = kv_rows <= self.EVICT_LAST_KV_BYTES // (mKv.shape[1] * (self.dt.width // 8))
             policy = Int64(cutlass.select_(small, l2_policy("evict_last"), l2_policy("evict_normal")))
+        return policy
+
+    def gather_copy(self, mKv: cute.Tensor):
+        """copy(src, dst) of one gathered piece (src: 8 elements of a kv row, dst: their swizzled shared-memory
+        slice); mKv is the kv view [rows, D, batches]. Call it once, before the gather loop."""
+        mode = self.GATHER_PREFETCH
+        atom = gather_atom(self.dt)
+        policy = self.gather_policy(mKv)
 
         def copy(src, dst):
             if cutlass.const_expr(mode):
                 cp_async_cg_l2_256(dst, src, policy)
             else:
                 cute.copy(atom, src, dst)
+        return copy
+
+    def gather_copy_raw(self, mKv: cute.Tensor):
+        """copy(a, g) of one gathered piece by addresses (a: swizzled shared byte address, g: global byte address),
+        the same cp.async as gather_copy's form (form 0: cp.async.cg without hints, the DSL atom's instruction)."""
+        mode = self.GATHER_PREFETCH
+        policy = self.gather_policy(mKv)
+
+        def copy(a, g):
+            cp_async_cg_raw(a, g, policy, l2_256=mode != 0)
         return copy
 
 
