@@ -14,8 +14,8 @@ Tiling. One CTA = one query row (all H heads: the B operand is the resident Q ti
 TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a block, streamed in chunks of DC
 columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
   - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async (rows:
-    its slots' idx, loaded one block ahead so their latency hides behind a block of copies, or IDX_AHEAD blocks ahead
-    under that knob, on trial and CPU-compiled only; invalid slots skipped), commits a cp.async group per chunk, and
+    its slots' idx, loaded IDX_AHEAD blocks ahead so their latency hides behind copies; invalid slots skipped; with
+    LEAN_GATHER, on trial, by addresses formed once: produce_block_lean), commits a cp.async group per chunk, and
     `lag` chunks later (that group retired, cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk
     until the next one arrives) fences the async proxy (fence.proxy.async.shared::cta, its writes become visible to
     wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's wait orders every

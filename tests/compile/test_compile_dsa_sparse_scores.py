@@ -14,6 +14,7 @@ sys.path.insert(0, ROOT)
 
 from ops.dsa.attn_score import sparse as attn_sparse  # noqa: E402
 from ops.dsa.indexer import sparse as indexer_sparse  # noqa: E402
+from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90  # noqa: E402
 
 KEYS = [(indexer_sparse, k) for k in indexer_sparse.all_variant_keys()] + \
        [(attn_sparse, k) for k in attn_sparse.all_variant_keys()]
@@ -26,7 +27,8 @@ def test_compile_sparse_variant(mod, key):
 
 
 @pytest.mark.parametrize("module,key,wgmma,cp_async", [
-    ("ops.dsa.indexer.sparse", "(128, 64, 'float32', True, True)", 8, 8),
+    # 8 pieces a producer thread a block, the producer's loop unrolled by IDX_AHEAD (2: two blocks' copy sites)
+    ("ops.dsa.indexer.sparse", "(128, 64, 'float32', True, True)", 8, 8 * SparseIndexerScoreSm90.IDX_AHEAD),
     ("ops.dsa.attn_score.sparse", "(576, 128, True, True)", 36, 36)])
 def test_sparse_ptx(tmp_path, module, key, wgmma, cp_async):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),

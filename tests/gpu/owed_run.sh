@@ -4,10 +4,12 @@
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
 # Last run (2026-12-06 04:41, H100, perf/device_2026-12-06T0441.txt): every step passed or measured; the last H200
-# run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt). Keep the steps' order when the owed kernels change.
+# run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt). Owed: SparseHeadSumSm90.LEAN_GATHER (on trial,
+# CPU only): its test cases (test_gather_hints), its sanitizer run, its rows of both sweeps.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~20 s),
+#   3b) LEAN_GATHER (on trial): sanitize_dsa_sparse_scores.py with it, bench/ab_attn_score.py --knobs LEAN_GATHER=1,
 #   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
 #   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s),
 #   6) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
@@ -43,6 +45,12 @@ if step "IDX_AHEAD sweep" 60; then
   timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
   grep -v Warn "$OUT/idx_ahead.txt" | tail -10
 fi
+if step "LEAN_GATHER sanitizers and attention-score A/B" 90; then
+  SANITIZE_KNOBS="LEAN_GATHER=1" GPU_TESTS=none GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py" SAN_TIMEOUT=60 \
+    timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/lean.log" 2>&1
+  grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/lean.log"
+  timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs LEAN_GATHER=1 2>&1 | grep -v Warn | tail -6
+fi
 if step "indexer backward launch shapes" 60; then
   timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/bwd_shapes.txt" 2>&1
   grep -v Warn "$OUT/bwd_shapes.txt" | tail -12
@@ -57,7 +65,7 @@ if step "benches" 60; then
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
 fi
 echo "== done at ${SECONDS}s; the summaries again:"
-for f in changed tests sanitize; do
+for f in changed tests sanitize lean; do
   [ -f "$OUT/$f.log" ] && grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/$f.log" | cut -c1-110
 done | tee "$OUT/0_summary.txt"
 # a call brings back the first 8 files of $OUT by name: the summary, sweeps, sanitizer log and ncu report first

@@ -1,6 +1,7 @@
 """One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail),
 and the attention kernel (HEAD_SPLIT schedule) also dense with topk_length over several blocks a row, for
-compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN)."""
+compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN).
+SANITIZE_KNOBS="NAME=INT ..." sets class knobs of both kernels first (a knob on trial, e.g. LEAN_GATHER=1)."""
 import os
 import sys
 
@@ -11,7 +12,16 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.dsa.attn_score.sparse import sparse_attn_score_fwd  # noqa: E402
+from ops.dsa.attn_score.sparse_sm90 import SparseAttnScoreSm90  # noqa: E402
 from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
+from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90  # noqa: E402
+
+for _spec in os.environ.get("SANITIZE_KNOBS", "").split():
+    _name, _value = _spec.split("=")
+    for _cls in (SparseIndexerScoreSm90, SparseAttnScoreSm90):
+        assert hasattr(_cls, _name), f"SANITIZE_KNOBS: {_cls.__name__} has no knob {_name}"
+        setattr(_cls, _name, int(_value))
+    print(f"sanitize_dsa_sparse_scores: {_name} = {_value}")
 
 
 def main():
