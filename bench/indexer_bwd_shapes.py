@@ -9,7 +9,10 @@ d_weights: another consumer count sums the per-consumer partials in another orde
 any order): the largest difference relative to the largest magnitude is printed, and a variant off by more than
 1e-2 is marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when it is unpacked.
 
-Run:  python bench/indexer_bwd_shapes.py [--iters N]
+--ncu: one launch of the sparse row's default kernel and one of cuDNN frontend's between cudaProfilerStart / Stop
+(tests/gpu/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu).
+
+Run:  python bench/indexer_bwd_shapes.py [--iters N | --ncu]
 """
 import argparse
 import os
@@ -46,6 +49,8 @@ def sparse_case():
     c = torch.tensor([1.0 / Sq], device=DEV)
     out = (torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV))
     run = lambda: sparse_seam.sparse_indexer_bwd(q, k, w, idx, s, lse, a, a.sum(-1), c, *out, stream=st)  # noqa: E731
+    sparse_case.peer_inputs = (q, w.bfloat16(), k, a / a.sum(-1, keepdim=True), torch.exp(s - lse[..., None]), idx,
+                               torch.ones(1, device=DEV))    # cuDNN frontend's indexer_backward_wrapper arguments
     return "sparse 4K/8K k2048 H64", run, out, 3 * 2.0 * Sq * K * H * D
 
 
@@ -71,7 +76,32 @@ def rel_diff(x, ref):
     return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def profile_once():
+    """One launch of ours (sparse row, default knobs) and one of cuDNN frontend's indexer_backward_wrapper on the same
+    inputs, both warmed up first, between cudaProfilerStart / Stop: for `ncu --profile-from-start off`
+    (tests/gpu/profile_pair.sh)."""
+    _, run, _, _ = sparse_case()
+    runs = [run]
+    try:
+        import importlib
+        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+        q, wb, k, t, p, idx, gl = sparse_case.peer_inputs
+        runs.append(lambda: dsa.indexer_backward_wrapper(q, wb, k, t.clone(), p, idx, gl))
+    except Exception as e:  # noqa: BLE001
+        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
+    for f in runs:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for f in runs:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main(a):
+    if a.ncu:
+        return profile_once()
     default = {k: getattr(Kernel, k) for k in KNOBS}
     print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
     print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
@@ -111,4 +141,5 @@ def main(a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--ncu", action="store_true", help="one launch of ours and of cuDNN's, for ncu (no timing)")
     main(p.parse_args())

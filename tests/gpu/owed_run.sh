@@ -11,7 +11,8 @@
 #   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~20 s),
 #   3b) LEAN_GATHER (on trial): sanitize_dsa_sparse_scores.py with it, bench/ab_attn_score.py --knobs LEAN_GATHER=1,
 #   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
-#   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s),
+#   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s), then the same for the sparse
+#   indexer backward (profile_pair.sh, bench/indexer_bwd_shapes.py --ncu, ~90 s),
 #   6) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
 # Each step's summary is printed as it ends and all of them again at the end (a call's output keeps only its tail);
 # logs in $OUT.
@@ -57,6 +58,10 @@ if step "indexer backward launch shapes" 60; then
 fi
 if step "ncu of the sparse indexer recompute" 100; then
   timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -45
+fi
+if step "ncu of the sparse indexer backward" 100; then
+  timeout $(($(left) - 5)) bash $g/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu \
+    2>&1 | head -45
 fi
 if step "benches" 60; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
