@@ -257,12 +257,12 @@ class SparseHeadSumSm90(GatherHints):
             lean = None
             if cutlass.const_expr(self.LEAN_GATHER):
                 # on trial: the thread's addresses formed once (produce_block_lean)
-                per_row = self.DC // PIECE
+                per_row, el = self.DC // PIECE, self.dt.width // 8
                 lean = (self.gather_copy_raw(mKv),
                         pinned(swizzled_address(cute.local_tile(sK[tidx // per_row, None, 0], (PIECE,),
                                                                 (tidx % per_row,)))),
-                        pinned(gKv.iterator.toint() + Int64(tidx % per_row * PIECE * 2)),
-                        pinned(Int64(gKv.stride[0]) * 2))
+                        pinned(gKv.iterator.toint() + Int64(tidx % per_row * PIECE * el)),
+                        pinned(Int64(gKv.stride[0]) * el))
             if cutlass.const_expr(self.IDX_AHEAD > 1):
                 # idx of the next IDX_AHEAD blocks in flight, raws[a] serving the blocks n = a mod IDX_AHEAD of the
                 # loop unrolled by IDX_AHEAD
