@@ -14,6 +14,10 @@ selection in ascending column order through a bitmap, no sort). Every row runs o
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
 
+--ncu --peer: one warmed-up launch of ours and one of cuDNN frontend's indexer_top_k_wrapper (32K rows, W 32K, k
+2048) between cudaProfilerStart / Stop, for tests/gpu/profile_pair.sh topk Topk python3 bench/topk_breakdown.py
+--ncu --peer --first --rows 8192.
+
 --stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
 
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column] [--stages]
@@ -59,8 +63,24 @@ def main(a):
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-        topk_fwd(s, out, order="column" if a.column else "score", stream=st)
+        runs = [lambda: topk_fwd(s, out, order="column" if a.column else "score", stream=st)]
+        if a.peer:
+            try:
+                import importlib
+                dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+                lens = torch.full((R,), s.shape[1], dtype=torch.int32, device="cuda")
+                runs.append(lambda: dsa.indexer_top_k_wrapper(s, lens, k, return_val=False))
+            except Exception as e:  # noqa: BLE001
+                print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
+            for f in runs:         # warm-up (compiles), then the profiled launches
+                f()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        for f in runs:
+            f()
         torch.cuda.synchronize()
+        if a.peer:
+            torch.cuda.profiler.stop()
         return
     from ops.dsa.topk import fwd, sort_sm90
     for stream in ((True,) if a.no_cached else (True, False)):
@@ -119,6 +139,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--ncu", action="store_true")
+    p.add_argument("--peer", action="store_true", help="with --ncu: also cuDNN frontend's indexer_top_k_wrapper, both "
+                   "launches warmed up, then between cudaProfilerStart / Stop (tests/gpu/profile_pair.sh)")
     p.add_argument("--sorts", default="key", help="comma list of sort_sm90.SelectionSort.SORT values to time")
     p.add_argument("--no-cached", action="store_true", help="only the streaming kernel")
     p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")

@@ -12,7 +12,8 @@
 #   3b) LEAN_GATHER (on trial): sanitize_dsa_sparse_scores.py with it, bench/ab_attn_score.py --knobs LEAN_GATHER=1,
 #   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
 #   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s), then the same for the sparse
-#   indexer backward (profile_pair.sh, bench/indexer_bwd_shapes.py --ncu, ~90 s),
+#   indexer backward (profile_pair.sh, bench/indexer_bwd_shapes.py --ncu, ~90 s) and the top-k (8192 rows of 32K,
+#   k 2048, bench/topk_breakdown.py --ncu --peer, ~60 s),
 #   6) bench/dsa_indexer.py, bench/sparse_attention.py, bench/sparse_attention.py --bwd (~150 s).
 # Each step's summary is printed as it ends and all of them again at the end (a call's output keeps only its tail);
 # logs in $OUT.
@@ -62,6 +63,10 @@ fi
 if step "ncu of the sparse indexer backward" 100; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu \
     2>&1 | head -45
+fi
+if step "ncu of the top-k" 90; then
+  timeout $(($(left) - 5)) bash $g/profile_pair.sh topk Topk python3 bench/topk_breakdown.py --ncu --peer --first \
+    --rows 8192 2>&1 | head -45
 fi
 if step "benches" 60; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
