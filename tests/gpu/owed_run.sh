@@ -58,15 +58,18 @@ if step "indexer backward launch shapes" 60; then
   grep -v Warn "$OUT/bwd_shapes.txt" | tail -12
 fi
 if step "ncu of the sparse indexer recompute" 100; then
-  timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -45
+  timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -60 > "$OUT/p_sparse_idx_rec.txt"
+  head -30 "$OUT/p_sparse_idx_rec.txt"
 fi
 if step "ncu of the sparse indexer backward" 100; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu \
-    2>&1 | head -45
+    2>&1 | head -60 > "$OUT/p_sparse_idx_bwd.txt"
+  head -30 "$OUT/p_sparse_idx_bwd.txt"
 fi
 if step "ncu of the top-k" 90; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh topk Topk python3 bench/topk_breakdown.py --ncu --peer --first \
-    --rows 8192 2>&1 | head -45
+    --rows 8192 2>&1 | head -60 > "$OUT/p_topk.txt"
+  head -30 "$OUT/p_topk.txt"
 fi
 if step "benches" 60; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
@@ -78,5 +81,7 @@ echo "== done at ${SECONDS}s; the summaries again:"
 for f in changed tests sanitize lean; do
   [ -f "$OUT/$f.log" ] && grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/$f.log" | cut -c1-110
 done | tee "$OUT/0_summary.txt"
-# a call brings back the first 8 files of $OUT by name: the summary, sweeps, sanitizer log and ncu report first
-mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT/z/" 2>/dev/null
+# a call brings back the first 8 files of $OUT by name: the summary, the sweeps, the benches and the profiles'
+# summaries (p_*.txt); logs, ncu reports and SASS pages go under z/
+mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT"/*_ncu*.txt "$OUT"/*_sass.* \
+  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT/z/" 2>/dev/null
