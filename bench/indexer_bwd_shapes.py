@@ -28,7 +28,7 @@ from ops.dsa.indexer import dense_bwd as dense_seam, sparse_bwd as sparse_seam  
 from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
-from timing import device_time  # noqa: E402
+from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
 KNOBS = ("CONSUMERS", "REGS")
 VARIANTS = ((2, (40, 232)), (3, (24, 160)), (3, (40, 152)))
@@ -78,25 +78,14 @@ def rel_diff(x, ref):
 
 def profile_once():
     """One launch of ours (sparse row, default knobs) and one of cuDNN frontend's indexer_backward_wrapper on the same
-    inputs, both warmed up first, between cudaProfilerStart / Stop: for `ncu --profile-from-start off`
-    (tests/gpu/profile_pair.sh)."""
+    inputs, for ncu (timing.profile_launches; tests/gpu/profile_pair.sh)."""
     _, run, _, _ = sparse_case()
-    runs = [run]
-    try:
-        import importlib
-        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+    runs = [("ours", run)]
+    dsa = cudnn_dsa()
+    if dsa is not None:
         q, wb, k, t, p, idx, gl = sparse_case.peer_inputs
-        runs.append(lambda: dsa.indexer_backward_wrapper(q, wb, k, t.clone(), p, idx, gl))
-    except Exception as e:  # noqa: BLE001
-        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
-    for f in runs:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for f in runs:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+        runs.append(("cuDNN frontend", lambda: dsa.indexer_backward_wrapper(q, wb, k, t.clone(), p, idx, gl)))
+    profile_launches(runs)
 
 
 def main(a):

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from ops.dsa.indexer import sparse as seam  # noqa: E402
 from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90 as Kernel  # noqa: E402
-from timing import device_time  # noqa: E402
+from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
 VARIANTS = tuple(dict(STAGES=st, MIN_BLOCKS=mb, REGS=r, LAG=lag, IDX_AHEAD=ia, LEAN_GATHER=lean)
                  for st, mb, r, lag, ia, lean in (
@@ -91,27 +91,16 @@ def main(a):
 
 
 def profile_once(q, k, w, idx, st):
-    """One launch of ours (default knobs) and one of cuDNN frontend's, both warmed up first, between
-    cudaProfilerStart / Stop: for `ncu --profile-from-start off` (tests/gpu/profile_sparse_idx_rec.sh)."""
+    """One launch of ours (default knobs) and one of cuDNN frontend's, for ncu (timing.profile_launches;
+    tests/gpu/profile_sparse_idx_rec.sh)."""
     s = torch.empty(idx.shape, device="cuda")
     lse = torch.empty(idx.shape[:-1], device="cuda")
     runs = [("ours", lambda: seam.sparse_indexer_fwd(q, k, w, idx, s, lse, stream=st))]
-    try:
-        import importlib
-        dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
+    dsa = cudnn_dsa()
+    if dsa is not None:
         wb = w.bfloat16()
         runs.append(("cuDNN frontend", lambda: dsa.sparse_indexer_score_recompute_wrapper(q, k, wb, idx)))
-    except Exception as e:  # noqa: BLE001
-        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
-    for _, f in runs:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, f in runs:
-        f()
-        torch.cuda.synchronize()
-        print(f"# profiled: {name}", flush=True)
-    torch.cuda.profiler.stop()
+    profile_launches(runs)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,28 @@ def device_time(fn, iters, warmup=2):
     torch.cuda.synchronize()
     ts = sorted(a.elapsed_time(b) for a, b in evs)
     return ts[len(ts) // 2] * 1e-3, host_bound
+
+
+def cudnn_dsa():
+    """cuDNN frontend's DSA module (cudnn.deepseek_sparse_attention, unpacked by .device/extra/unpack.sh), or None
+    with the reason printed."""
+    try:
+        import importlib
+        return importlib.import_module("cudnn.deepseek_sparse_attention")
+    except Exception as e:  # noqa: BLE001
+        print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
+        return None
+
+
+def profile_launches(runs):
+    """runs: [(name, fn)]. Each fn once to warm up (compiles, plans), then each once between cudaProfilerStart and
+    Stop: the launches `ncu --profile-from-start off` profiles (tests/gpu/profile_pair.sh)."""
+    for _, fn in runs:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, fn in runs:
+        fn()
+        torch.cuda.synchronize()
+        print(f"# profiled: {name}", flush=True)
+    torch.cuda.profiler.stop()

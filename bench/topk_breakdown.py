@@ -33,7 +33,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
-from timing import device_time  # noqa: E402
+from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
 
 def topk_cases(R):
@@ -63,24 +63,17 @@ def main(a):
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-        runs = [lambda: topk_fwd(s, out, order="column" if a.column else "score", stream=st)]
-        if a.peer:
-            try:
-                import importlib
-                dsa = importlib.import_module("cudnn.deepseek_sparse_attention")
-                lens = torch.full((R,), s.shape[1], dtype=torch.int32, device="cuda")
-                runs.append(lambda: dsa.indexer_top_k_wrapper(s, lens, k, return_val=False))
-            except Exception as e:  # noqa: BLE001
-                print(f"# cuDNN frontend: {type(e).__name__}: {str(e)[:200]}")
-            for f in runs:         # warm-up (compiles), then the profiled launches
-                f()
+        ours = lambda: topk_fwd(s, out, order="column" if a.column else "score", stream=st)  # noqa: E731
+        if not a.peer:         # one launch (ncu -k regex:Topk --launch-count 1)
+            ours()
             torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-        for f in runs:
-            f()
-        torch.cuda.synchronize()
-        if a.peer:
-            torch.cuda.profiler.stop()
+            return
+        runs = [("ours", ours)]
+        dsa = cudnn_dsa()
+        if dsa is not None:
+            lens = torch.full((R,), s.shape[1], dtype=torch.int32, device="cuda")
+            runs.append(("cuDNN frontend", lambda: dsa.indexer_top_k_wrapper(s, lens, k, return_val=False)))
+        profile_launches(runs)
         return
     from ops.dsa.topk import fwd, sort_sm90
     for stream in ((True,) if a.no_cached else (True, False)):
