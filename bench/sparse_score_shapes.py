@@ -4,7 +4,7 @@ Each variant sets the kernel class's STAGES (ring buffers of one 64-slot block o
 the launch bound caps registers at 64 K / (384 MIN_BLOCKS)), REGS (setmaxnreg of producer / consumers) and LAG (chunks,
 here whole blocks, of cp.async a producer thread keeps in flight; below STAGES: sparse_head_sum_sm90.lag()) and
 IDX_AHEAD (blocks ahead the producer loads its pieces' idx) and LEAN_GATHER (the producer's copies by addresses formed
-once: sparse_head_sum_sm90.produce_block_lean), is compiled, checked bit for bit against the first variant (same wgmmas, same epilogue order: the results must be
+once: sparse_head_sum_sm90.produce_block's lean copies), is compiled, checked bit for bit against the first variant (same wgmmas, same epilogue order: the results must be
 identical; 5 % of the indices invalid), and timed at the bench row's shape: B 1, Sq 4K, Sk 8K, top-k 2048, 64 heads,
 Di 128, fp32 weights; cuDNN frontend's sparse_indexer_score_recompute_wrapper in the same run when it is unpacked.
 

@@ -15,7 +15,7 @@ TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a b
 columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
   - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async (rows:
     its slots' idx, loaded IDX_AHEAD blocks ahead so their latency hides behind copies; invalid slots skipped; with
-    LEAN_GATHER, on trial, by addresses formed once: produce_block_lean), commits a cp.async group per chunk, and
+    LEAN_GATHER, on trial, by addresses formed once: produce_block), commits a cp.async group per chunk, and
     `lag` chunks later (that group retired, cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk
     until the next one arrives) fences the async proxy (fence.proxy.async.shared::cta, its writes become visible to
     wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's wait orders every
@@ -73,7 +73,7 @@ class SparseHeadSumSm90(GatherHints):
     REGS = (40, 232)     # setmaxnreg of the producer / consumer warpgroups: 128 p + 256 c <= 384 x the bound
     LAG = 3              # chunks of cp.async in flight per producer thread before the oldest is published (lag())
     IDX_AHEAD = 1        # blocks ahead the producer loads its pieces' idx (> 1: its loop unrolled by it)
-    LEAN_GATHER = False  # on trial: the producer's copies by addresses formed once (produce_block_lean)
+    LEAN_GATHER = False  # on trial: the producer's copies by addresses formed once (produce_block's lean)
 
     def __init__(self, head_dim: int, heads: int, chunk: int, stages: int, varlen: bool, has_length: bool):
         assert heads % 8 == 0 and heads <= 256 and head_dim % chunk == 0 and chunk % 64 == 0, (head_dim, heads)
@@ -256,7 +256,7 @@ class SparseHeadSumSm90(GatherHints):
             self.load_slots(raw, mIdx, batch, row, Int32(0), row_len, tidx)
             lean = None
             if cutlass.const_expr(self.LEAN_GATHER):
-                # on trial: the thread's addresses formed once (produce_block_lean)
+                # on trial: the thread's addresses formed once (produce_block's lean copies)
                 per_row, el = self.DC // PIECE, self.dt.width // 8
                 lean = (self.gather_copy_raw(mKv),
                         pinned(swizzled_address(cute.local_tile(sK[tidx // per_row, None, 0], (PIECE,),
@@ -272,20 +272,12 @@ class SparseHeadSumSm90(GatherHints):
                 for n0 in cutlass.range(0, n_blk, self.IDX_AHEAD, unroll=1):
                     for a in cutlass.range_constexpr(self.IDX_AHEAD):
                         if n0 + a < n_blk:
-                            if cutlass.const_expr(self.LEAN_GATHER):
-                                self.produce_block_lean(pipe, sK, lean[0], lean[1], lean[2], lean[3], raws[a], rows,
-                                                        mIdx, batch, row, n0 + a, row_len, seqlen_k, k_off, lag, tidx)
-                            else:
-                                self.produce_block(pipe, copy, gKv, sK, raws[a], rows, mIdx, batch, row, n0 + a,
-                                                   row_len, seqlen_k, k_off, lag, tidx)
+                            self.produce_block(pipe, copy, gKv, sK, raws[a], rows, mIdx, batch, row, n0 + a, row_len,
+                                               seqlen_k, k_off, lag, tidx, lean)
             else:
                 for n in cutlass.range(n_blk, unroll=1):
-                    if cutlass.const_expr(self.LEAN_GATHER):
-                        self.produce_block_lean(pipe, sK, lean[0], lean[1], lean[2], lean[3], raw, rows, mIdx, batch,
-                                                row, n, row_len, seqlen_k, k_off, lag, tidx)
-                    else:
-                        self.produce_block(pipe, copy, gKv, sK, raw, rows, mIdx, batch, row, n, row_len, seqlen_k,
-                                           k_off, lag, tidx)
+                    self.produce_block(pipe, copy, gKv, sK, raw, rows, mIdx, batch, row, n, row_len, seqlen_k, k_off,
+                                       lag, tidx, lean)
             total = n_blk * NC
             for j in cutlass.range_constexpr(lag):                 # drain: the last `lag` chunks, oldest first
                 if total - lag + j >= 0:
@@ -408,10 +400,17 @@ class SparseHeadSumSm90(GatherHints):
     @cute.jit
     def produce_block(self, pipe, copy, gKv: cute.Tensor, sK: cute.Tensor, raw, rows, mIdx: cute.Tensor,
                       batch: Int32, row: Int32, n: Int32, row_len: Int32, seqlen_k: Int32, k_off: Int32,
-                      lag: cutlass.Constexpr, tidx: Int32):
+                      lag: cutlass.Constexpr, tidx: Int32, lean=None):
         """The producer's block n: validate its pieces' idx (raw, loaded IDX_AHEAD blocks earlier: the one wait on
         them), reload raw with block n + IDX_AHEAD's (no wait), then per chunk: acquire its stage, one 16-byte
-        cp.async per valid piece, commit, and publish the chunk `lag` groups back."""
+        cp.async per valid piece, commit, and publish the chunk `lag` groups back.
+
+        lean (LEAN_GATHER, on trial): (copy_raw, a0, gcol, rsb), the copies by addresses formed once, the same pieces
+        into the same swizzled shared-memory bytes by the same cp.async. A thread's piece p is row tidx // per_row +
+        p x step (step = 128 // per_row rows), column tidx % per_row, so its shared address is a0 (piece 0 of stage 0)
+        + p x p_bytes + the stage x s_bytes (lean_strides: multiples of 1024, which leave the swizzle's bits [4, 10)
+        alone), and its global address gcol (the thread's column) + the row x rsb (row stride in bytes) + the
+        chunk's column bytes: ~8 instructions a copy instead of ~25 (PTX)."""
         per_row = self.DC // PIECE
         for p in cutlass.range_constexpr(self.pieces):
             rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
@@ -420,41 +419,23 @@ class SparseHeadSumSm90(GatherHints):
             g = n * self.NC + c
             st = self.chunk_state(g, True)
             pipe.producer_acquire(st)
-            sKs = sK[None, None, st.index]
-            for p in cutlass.range_constexpr(self.pieces):
-                piece = tidx + 128 * p
-                if rows[p] >= 0:
-                    # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
-                    src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
-                    dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
-                    copy(src, dst)
-            cute.arch.cp_async_commit_group()
-            if g >= lag:
-                publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
-
-    @cute.jit
-    def produce_block_lean(self, pipe, sK: cute.Tensor, copy_raw, a0: Int32, gcol: Int64, rsb: Int64, raw, rows,
-                           mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, seqlen_k: Int32,
-                           k_off: Int32, lag: cutlass.Constexpr, tidx: Int32):
-        """produce_block's copies by addresses (LEAN_GATHER, on trial): the same pieces into the same swizzled
-        shared-memory bytes by the same cp.async. A thread's piece p is row tidx // per_row + p x step (step = 128 //
-        per_row rows), column tidx % per_row, so its shared address is a0 (piece 0 of stage 0, formed once) + p x
-        p_bytes + the stage x s_bytes (lean_strides: multiples of 1024, which leave the swizzle's bits [4, 10) alone),
-        and its global address gcol (the thread's column, formed once) + the row x rsb (row stride in bytes) + the
-        chunk's column bytes: ~8 instructions a copy instead of ~25 (PTX)."""
-        p_bytes, s_bytes = self.lean_strides(sK.layout)
-        el = self.dt.width // 8
-        for p in cutlass.range_constexpr(self.pieces):
-            rows[p] = Int32(cutlass.select_(raw[p] >= 0 and raw[p] < seqlen_k, k_off + raw[p], Int32(-1)))
-        self.load_slots(raw, mIdx, batch, row, n + self.IDX_AHEAD, row_len, tidx)
-        for c in cutlass.range_constexpr(self.NC):
-            g = n * self.NC + c
-            st = self.chunk_state(g, True)
-            pipe.producer_acquire(st)
-            a_s = a0 + st.index * s_bytes
-            for p in cutlass.range_constexpr(self.pieces):
-                if rows[p] >= 0:
-                    copy_raw(a_s + p * p_bytes, gcol + Int64(rows[p]) * rsb + c * self.DC * el)
+            if cutlass.const_expr(lean is None):
+                sKs = sK[None, None, st.index]
+                for p in cutlass.range_constexpr(self.pieces):
+                    piece = tidx + 128 * p
+                    if rows[p] >= 0:
+                        # one 16-byte atom: 8 contiguous elements of the key row into the (swizzled) smem row
+                        src = cute.local_tile(gKv[rows[p], None], (PIECE,), (c * per_row + piece % per_row,))
+                        dst = cute.local_tile(sKs[piece // per_row, None], (PIECE,), (piece % per_row,))
+                        copy(src, dst)
+            else:
+                copy_raw, a0, gcol, rsb = lean
+                p_bytes, s_bytes = self.lean_strides(sK.layout)
+                el = self.dt.width // 8
+                a_s = a0 + st.index * s_bytes
+                for p in cutlass.range_constexpr(self.pieces):
+                    if rows[p] >= 0:
+                        copy_raw(a_s + p * p_bytes, gcol + Int64(rows[p]) * rsb + c * self.DC * el)
             cute.arch.cp_async_commit_group()
             if g >= lag:
                 publish(pipe, self.stages, self.chunk_state(g - lag, True).index, lag)
@@ -462,8 +443,8 @@ class SparseHeadSumSm90(GatherHints):
     def lean_strides(self, layout):
         """(bytes from a thread's piece p to piece p + 1, bytes from stage s to s + 1) of the static ring layout,
         checked while tracing to be the same for every producer thread, piece and stage (the layout is affine there)
-        and multiples of 1024 bytes (so adding them commutes with the 128-byte swizzle): produce_block_lean's
-        premise."""
+        and multiples of 1024 bytes (so adding them commutes with the 128-byte swizzle): the premise of
+        produce_block's lean copies."""
         per_row = self.DC // PIECE
         step = 128 // per_row
         el = self.dt.width // 8
