@@ -3,13 +3,13 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# Last run (2026-12-06 04:41, H100, perf/device_2026-12-06T0441.txt): every step passed or measured; the last H200
-# run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt). Owed: SparseHeadSumSm90.LEAN_GATHER (on trial,
-# CPU only): its test cases (test_gather_hints), its sanitizer run, its rows of both sweeps.
+# STEPS (default all) picks steps by id: tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk benches.
+# Last runs: 2026-12-06 06:37, H100 (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt: every step passed or
+# measured on main 1c9886b; the last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
-#   ~110 s), 3) bench/sparse_score_shapes.py (IDX_AHEAD sweep against cuDNN frontend, ~20 s),
-#   3b) LEAN_GATHER (on trial): sanitize_dsa_sparse_scores.py with it, bench/ab_attn_score.py --knobs LEAN_GATHER=1,
+#   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
+#   3b) sanitize_dsa_sparse_scores.py with LEAN_GATHER=0 (the indexer's copies rebuilt per piece, its former form),
 #   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
 #   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s), then the same for the sparse
 #   indexer backward (profile_pair.sh, bench/indexer_bwd_shapes.py --ncu, ~90 s) and the top-k (8192 rows of 32K,
@@ -24,7 +24,10 @@ BUDGET=${BUDGET:-560}
 FULL_NEED=${FULL_NEED:-300}
 g=tests/gpu
 left() { echo $((BUDGET - SECONDS)); }
-step() {   # step NAME NEED: true when NEED seconds are left, else says why the step is skipped
+STEPS=${STEPS:-all}   # the steps to run: all, or some of tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk benches
+want() { [ "$STEPS" = all ] || [[ " $STEPS " == *" $1 "* ]]; }
+step() {   # step NAME NEED [ID]: true when step ID is wanted and NEED seconds are left, else says why it is skipped
+  if [ -n "${3:-}" ] && ! want "$3"; then return 1; fi
   if [ "$(left)" -ge "$2" ]; then echo "== $1 (at ${SECONDS}s)"; return 0; fi
   echo "== $1 skipped: $(left) s left, it needs $2"; return 1
 }
@@ -35,43 +38,42 @@ if [ "$(left)" -lt "$FULL_NEED" ] && step "changed kernels" 60; then
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/changed.log"
 fi
-if step "tests" 170; then
+if step "tests" 170 tests; then
   RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh tests > "$OUT/tests.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/tests.log"
 fi
-if step "sanitize" 110; then
+if step "sanitize" 110 sanitize; then
   RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh sanitize > "$OUT/sanitize.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/sanitize.log"
 fi
-if step "IDX_AHEAD sweep" 60; then
+if step "launch-shape sweep of the sparse indexer recompute" 90 sweep; then
   timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
   grep -v Warn "$OUT/idx_ahead.txt" | tail -10
 fi
-if step "LEAN_GATHER sanitizers and attention-score A/B" 90; then
-  SANITIZE_KNOBS="LEAN_GATHER=1" GPU_TESTS=none GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py" SAN_TIMEOUT=60 \
+if step "LEAN_GATHER=0 sanitizers and attention-score A/B" 90 lean; then
+  SANITIZE_KNOBS="LEAN_GATHER=0" GPU_TESTS=none GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py" SAN_TIMEOUT=60 \
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/lean.log" 2>&1
   grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/lean.log"
-  timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs LEAN_GATHER=1 2>&1 | grep -v Warn | tail -6
 fi
-if step "indexer backward launch shapes" 60; then
+if step "indexer backward launch shapes" 60 bwd_shapes; then
   timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/bwd_shapes.txt" 2>&1
   grep -v Warn "$OUT/bwd_shapes.txt" | tail -12
 fi
-if step "ncu of the sparse indexer recompute" 100; then
+if step "ncu of the sparse indexer recompute" 100 ncu_rec; then
   timeout $(($(left) - 5)) bash $g/profile_sparse_idx_rec.sh 2>&1 | head -60 > "$OUT/p_sparse_idx_rec.txt"
   head -30 "$OUT/p_sparse_idx_rec.txt"
 fi
-if step "ncu of the sparse indexer backward" 100; then
+if step "ncu of the sparse indexer backward" 100 ncu_bwd; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu \
     2>&1 | head -60 > "$OUT/p_sparse_idx_bwd.txt"
   head -30 "$OUT/p_sparse_idx_bwd.txt"
 fi
-if step "ncu of the top-k" 90; then
+if step "ncu of the top-k" 90 ncu_topk; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh topk Topk python3 bench/topk_breakdown.py --ncu --peer --first \
     --rows 8192 2>&1 | head -60 > "$OUT/p_topk.txt"
   head -30 "$OUT/p_topk.txt"
 fi
-if step "benches" 60; then
+if step "benches" 60 benches; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
