@@ -3,7 +3,7 @@ cp.async publish step of a gathering producer (ops/common/sparse_head_sum_sm90.p
 BlockGather, the whole producer of the block-gathering kernels (ops/dsa/sparse_attn/fwd_sm90.py, bwd_sm90.py,
 ops/dsa/indexer/sparse_bwd_sm90.py), GatherHints, the copy of one gathered piece in both kinds of producer (the DSL's
 cp.async.cg, or inline PTX with L2 hints on trial: cp_async_cg_l2_256, l2_policy; by addresses formed once:
-swizzled_address, pinned, cp_async_cg_raw, for SparseHeadSumSm90.LEAN_GATHER on trial), and gemm_chunks, their
+swizzled_address, pinned, cp_async_cg_raw, for SparseHeadSumSm90.LEAN_GATHER), and gemm_chunks, their
 consumers' wgmma over a block's chunks.
 """
 import cutlass

@@ -1,7 +1,7 @@
 """One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail),
 and the attention kernel (HEAD_SPLIT schedule) also dense with topk_length over several blocks a row, for
 compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN).
-SANITIZE_KNOBS="NAME=INT ..." sets class knobs of both kernels first (a knob on trial, e.g. LEAN_GATHER=1)."""
+SANITIZE_KNOBS="NAME=INT ..." sets class knobs of both kernels first (e.g. LEAN_GATHER=0: the indexer's copies rebuilt per piece)."""
 import os
 import sys
 

@@ -187,13 +187,15 @@ def test_cuda_graph_capture(kind, H, D):
 @pytest.mark.parametrize("knobs", [dict(GATHER_PREFETCH=0), dict(GATHER_PREFETCH=1), dict(GATHER_PREFETCH=2),
                                    dict(GATHER_PREFETCH=3), dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0),
                                    dict(IDX_AHEAD=1), dict(IDX_AHEAD=2), dict(IDX_AHEAD=3),
-                                   dict(LEAN_GATHER=True), dict(LEAN_GATHER=True, IDX_AHEAD=1)])
+                                   dict(LEAN_GATHER=True), dict(LEAN_GATHER=True, IDX_AHEAD=1),
+                                   dict(LEAN_GATHER=False), dict(LEAN_GATHER=False, IDX_AHEAD=2)])
 def test_gather_hints(monkeypatch, kind, H, D, knobs):
     """The gather's copy forms (gather_sm90.GatherHints: 0 the DSL's cp.async.cg atom; 1 inline PTX with the L2::256B
     hint and the swizzled address computed by hand; 2 an evict_last policy; 3 evict_last or, with
     EVICT_LAST_KV_BYTES 0, evict_normal; the indexer's default is 3, the attention variant's 0) and the producer's
-    idx lookahead (IDX_AHEAD 1 / 2 / 3; the indexer's default is 2: the same copies, issued in the same order) and the
-    producer's copies by addresses formed once (LEAN_GATHER, on trial: the same copies): float64 gates, and
+    idx lookahead (IDX_AHEAD 1 / 2 / 3: the same copies, issued in the same order) and the producer's copies by
+    addresses formed once or rebuilt per copy (LEAN_GATHER: the same copies; the indexer's default is lean with
+    IDX_AHEAD 1, the attention variant's not lean): float64 gates, and
     scores and statistic bitwise the default form's (BSHD with topk_length and invalid slots, THD with an empty
     segment and rows past cu_seqlens_q[-1]). A knob set equal to the kernel's defaults is skipped (it cannot fail)."""
     if kind == "indexer":

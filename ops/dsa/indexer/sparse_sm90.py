@@ -11,6 +11,8 @@ Sq 4K, top-k 2048, 64 heads, Di 128: 0.62 ms = 221 TFLOP/s with two CTAs an SM (
 the producer kept 3 chunks in flight); cuDNN frontend 0.38 ms in the same run (0.62x). Still one query row per CTA:
 several rows per CTA and a persistent grid are the next levers (docs/performance.md). Gathers with the L2 hints of
 gather_sm90.GatherHints form 3 since 2026-12-05 (H200 same run: 0.614 -> 0.579 ms, bitwise equal).
+Since 2026-12-06 the producer forms its copies' addresses once (LEAN_GATHER; ncu had shown it, at ~38 instructions
+a 16-byte copy, the kernel's bound): H100 06:43, 0.554 -> 0.425 ms (cuDNN 0.389, 0.92x), bitwise equal.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .score_sm90 import IndexerEpilogue
@@ -23,7 +25,8 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
     GATHER_PREFETCH = 3   # L2 hints (gather_sm90.GatherHints): H200 2026-12-05, 0.614 -> 0.579 ms (2: 0.577), same bits
     MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06, fp32 weights: 80, 16 B spill); 2 x (16 + 64) KiB smem
     REGS = (40, 96)
-    IDX_AHEAD = 2       # idx two blocks ahead: H200 2026-12-06 04:20, 0.578 -> 0.562 ms, same bits (3: 0.929, spills)
+    IDX_AHEAD = 1       # with LEAN_GATHER (2: 0.715 ms, spills); without it 2 was best (H200 04:20: 0.578 -> 0.562 ms)
+    LEAN_GATHER = True  # addresses formed once: H100 2026-12-06 06:43, 0.554 (IDX_AHEAD 2, not lean) -> 0.425 ms, same bits
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
