@@ -32,9 +32,9 @@ from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
 VARIANTS = tuple(dict(STAGES=st, MIN_BLOCKS=mb, REGS=r, LAG=lag, IDX_AHEAD=ia, LEAN_GATHER=lean)
                  for st, mb, r, lag, ia, lean in (
-                     (4, 2, (40, 96), 3, 1, True), (4, 2, (40, 96), 3, 2, False), (4, 2, (40, 96), 2, 1, True),
-                     (4, 2, (48, 96), 3, 1, True), (4, 2, (56, 88), 3, 1, True), (8, 1, (40, 232), 7, 1, True),
-                     (8, 1, (40, 232), 5, 1, True)))
+                     (4, 2, (48, 96), 3, 1, True), (4, 2, (40, 96), 3, 1, True), (4, 2, (40, 96), 3, 2, False),
+                     (4, 2, (64, 88), 3, 1, True), (6, 2, (48, 96), 3, 1, True), (6, 2, (48, 96), 4, 1, True),
+                     (6, 2, (48, 96), 5, 1, True)))
 HINTS = tuple(dict(GATHER_PREFETCH=v) for v in (0, 1, 2, 3))
 
 

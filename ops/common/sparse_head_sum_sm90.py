@@ -123,11 +123,13 @@ class SparseHeadSumSm90(GatherHints):
             mbar_q: cute.struct.MemRange[cutlass.Int64, 1]
             sC: cute.struct.MemRange[Float32, H]
             sRed: cute.struct.MemRange[Float32, 2 * CONSUMER_WARPS]
+            # HEAD_SPLIT's handoff of W1's head sums to W0 (2 stages; a stub without it), before the 1024-aligned
+            # tiles: the indexer's members up to here fit the first KiB, so two of its CTAs of 6 stages at Di 128,
+            # H 64 (2 x (113 + 1 reserved) KiB) fill an SM's 228 KiB exactly
+            mbar_part: cute.struct.MemRange[cutlass.Int64, 4 if self.HEAD_SPLIT else 1]
+            sPart: cute.struct.MemRange[Float32, 2 * BK if self.HEAD_SPLIT else 1]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            # HEAD_SPLIT's handoff of W1's head sums to W0 (2 stages; at the end: the members above keep their offsets)
-            mbar_part: cute.struct.MemRange[cutlass.Int64, 4]
-            sPart: cute.struct.MemRange[Float32, 2 * BK]
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tQ, k_v, mC, mIdx, mLen, mS, mStat, mCuQ, mCuK, scale, mma, mma_acc, sQ_layout,

@@ -3,7 +3,8 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# STEPS (default all) picks steps by id: tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk benches.
+# STEPS (default all) picks steps by id: tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk bench_rows
+# benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # Last runs: 2026-12-06 06:37, H100 (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt: every step passed or
 # measured on main 1c9886b; the last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
@@ -24,7 +25,7 @@ BUDGET=${BUDGET:-560}
 FULL_NEED=${FULL_NEED:-300}
 g=tests/gpu
 left() { echo $((BUDGET - SECONDS)); }
-STEPS=${STEPS:-all}   # the steps to run: all, or some of tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk benches
+STEPS=${STEPS:-all}   # the steps to run: all, or some of the ids above
 want() { [ "$STEPS" = all ] || [[ " $STEPS " == *" $1 "* ]]; }
 step() {   # step NAME NEED [ID]: true when step ID is wanted and NEED seconds are left, else says why it is skipped
   if [ -n "${3:-}" ] && ! want "$3"; then return 1; fi
@@ -32,9 +33,9 @@ step() {   # step NAME NEED [ID]: true when step ID is wanted and NEED seconds a
   echo "== $1 skipped: $(left) s left, it needs $2"; return 1
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "$(left)" -lt "$FULL_NEED" ] && step "changed kernels" 60; then
-  RUN_JOBS=4 GPU_TESTS="$g/test_dsa_sparse_scores.py $g/test_dsa_indexer_bwd.py $g/test_dsa_sparse_attn.py" \
-    GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py $g/sanitize_dsa_indexer_bwd.py" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
+if { [ "$(left)" -lt "$FULL_NEED" ] || { [ "$STEPS" != all ] && want changed; }; } && step "changed kernels" 60; then
+  RUN_JOBS=4 GPU_TESTS="${CHANGED_TESTS:-$g/test_dsa_sparse_scores.py $g/test_dsa_indexer_bwd.py $g/test_dsa_sparse_attn.py}" \
+    GPU_SANITIZE="${CHANGED_SANITIZE:-$g/sanitize_dsa_sparse_scores.py $g/sanitize_dsa_indexer_bwd.py}" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/changed.log"
 fi
@@ -72,6 +73,10 @@ if step "ncu of the top-k" 90 ncu_topk; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh topk Topk python3 bench/topk_breakdown.py --ncu --peer --first \
     --rows 8192 2>&1 | head -60 > "$OUT/p_topk.txt"
   head -30 "$OUT/p_topk.txt"
+fi
+if step "indexer bench rows" 40 bench_rows; then
+  timeout $(($(left) - 5)) python3 bench/dsa_indexer.py --rows "${BENCH_ROWS:-sparse idx rec}" > "$OUT/bench_rows.txt" 2>&1
+  grep -v -E "Warn|^\s*$" "$OUT/bench_rows.txt" | tail -12
 fi
 if step "benches" 60 benches; then
   { timeout $(($(left) - 5)) python3 bench/dsa_indexer.py
