@@ -8,7 +8,8 @@ mkdir -p "$OUT"
 # again. PADDLE_DSA_KERNEL_CACHE= (empty) turns it off.
 # A store carried as .device/kernel_store.tar.xz seeds it: one an earlier call brought back (check_project.sh with
 # STORE_OUT=1: $OUT/kernel_store.tar.xz), or one built on the CPU machine (PADDLE_DSA_KERNEL_CACHE=/tmp/s python
-# tests/gpu/prebuild_kernels.py --all --jobs 2; then tar -cJf .device/kernel_store.tar.xz -C /tmp/s .). An entry
+# tests/gpu/prebuild_kernels.py --all --jobs 2, and tests/gpu/prebuild_knob_variants.py for the knob variants the
+# sparse score tests and benches compile; then tar -cJf .device/kernel_store.tar.xz -C /tmp/s .). An entry
 # built on a CPU with a feature this host lacks is compiled here instead (ops/common/kernel_cache.py).
 export PADDLE_DSA_KERNEL_CACHE="${PADDLE_DSA_KERNEL_CACHE-/tmp/pdsa_kernels}"
 if [ -n "$PADDLE_DSA_KERNEL_CACHE" ] && [ -f .device/kernel_store.tar.xz ] && [ ! -d "$PADDLE_DSA_KERNEL_CACHE" ]; then

@@ -3,14 +3,17 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# STEPS (default all) picks steps by id: tests sanitize sweep lean bwd_shapes ncu_rec ncu_bwd ncu_topk bench_rows
-# benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
-# Last runs: 2026-12-06 06:37, H100 (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt: every step passed or
-# measured on main 1c9886b; the last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
+# STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
+# bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# Last runs: 2026-12-06 06:37-07:16, five calls, all on H100s (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt,
+# T0653.txt, T0710.txt: the whole suite and all sanitizers passed on e4fa334, the sparse scores' file and sanitizer
+# on da4427f (HEAD's kernels). The last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
+# Owed: all of it on an H200 (the indexer recompute's lean copies have run only on H100s); ab_attn (LAG 2 / 1).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
 #   3b) sanitize_dsa_sparse_scores.py with LEAN_GATHER=0 (the indexer's copies rebuilt per piece, its former form),
+#   3c) bench/ab_attn_score.py --knobs $AB_KNOBS (the attention-score recompute's LAG and lean copies, ~40 s),
 #   4) bench/indexer_bwd_shapes.py (the indexer backward's launch shapes, ~60 s),
 #   5) tests/gpu/profile_sparse_idx_rec.sh (ncu: ours and cuDNN frontend's, ~90 s), then the same for the sparse
 #   indexer backward (profile_pair.sh, bench/indexer_bwd_shapes.py --ncu, ~90 s) and the top-k (8192 rows of 32K,
@@ -55,6 +58,12 @@ if step "LEAN_GATHER=0 sanitizers and attention-score A/B" 90 lean; then
   SANITIZE_KNOBS="LEAN_GATHER=0" GPU_TESTS=none GPU_SANITIZE="$g/sanitize_dsa_sparse_scores.py" SAN_TIMEOUT=60 \
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/lean.log" 2>&1
   grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/lean.log"
+fi
+if step "attention-score recompute knob A/B" 60 ab_attn; then
+  # its LAG 4 / 6 and lean copies were slower (H100 12-06 07:13); fewer chunks in flight not yet tried
+  timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs ${AB_KNOBS:-LAG=2 LAG=1 LAG=2,LEAN_GATHER=1} 2>&1 |
+    grep -v Warn > "$OUT/ab_attn.txt"
+  tail -10 "$OUT/ab_attn.txt"
 fi
 if step "indexer backward launch shapes" 60 bwd_shapes; then
   timeout $(($(left) - 5)) python3 bench/indexer_bwd_shapes.py > "$OUT/bwd_shapes.txt" 2>&1

@@ -1,0 +1,90 @@
+"""Fill the kernel store with the knob variants the sparse score tests and A/B benches compile (no GPU needed).
+
+    PADDLE_DSA_KERNEL_CACHE=/tmp/pdsa_kernels python tests/gpu/prebuild_knob_variants.py [--jobs N]
+
+prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
+other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
+~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
+at its key, and bench/ab_attn_score.py's knob sets (--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
+Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
+"""
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "SparseIndexerScoreSm90"),
+         "attn": ("ops.dsa.attn_score.sparse", "ops.dsa.attn_score.sparse_sm90", "SparseAttnScoreSm90")}
+# test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
+GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
+                ("attn", (576, 128, False, True), (576, 128, True, False)),
+                ("attn", (512, 64, False, True), (512, 64, True, False))]
+AB_KEYS = [(576, 128, False, False), (576, 64, False, False)]
+SHAPES_KEY = (128, 64, "float32", False, False)
+
+
+def gather_hint_knobs():
+    """test_gather_hints' parametrization, read from the test file (one source of truth)."""
+    import ast
+    src = open(os.path.join(ROOT, "tests", "gpu", "test_dsa_sparse_scores.py")).read()
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "test_gather_hints":
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and ast.literal_eval(dec.args[0]) == "knobs":
+                    return [{kw.arg: ast.literal_eval(kw.value) for kw in d.keywords} for d in dec.args[1].elts]
+    raise RuntimeError("test_gather_hints' knobs not found")
+
+
+def shape_variants():
+    src = open(os.path.join(ROOT, "bench", "sparse_score_shapes.py")).read()
+    i, j = src.index("VARIANTS = "), src.index("HINTS = ")
+    return eval(src[i + len("VARIANTS = "):j])          # noqa: S307 (the bench's own literal)
+
+
+def one(job):
+    kind, key, knobs = job
+    import importlib
+    seam_name, kmod_name, cls_name = SEAMS[kind]
+    seam = importlib.import_module(seam_name)
+    cls = getattr(importlib.import_module(kmod_name), cls_name)
+    if all(getattr(cls, n) == v for n, v in knobs.items()):
+        return job, "default"
+    for n, v in knobs.items():
+        setattr(cls, n, v)
+    seam._CACHE.clear()
+    t = time.time()
+    try:
+        seam.compile_variant(key)
+    except Exception as e:  # noqa: BLE001
+        return job, f"failed: {type(e).__name__}: {str(e)[:160]}"
+    return job, f"{time.time() - t:.1f} s"
+
+
+def main(a):
+    jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
+    jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
+    specs = a.knobs if a.knobs is not None else ["LAG=2", "LAG=1", "LAG=2,LEAN_GATHER=1"]
+    for sp in specs:
+        kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}
+        jobs += [("attn", key, kn) for key in AB_KEYS]
+    t0, failed = time.time(), 0
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(a.jobs, maxtasksperchild=1) as pool:     # one variant a process: knobs are class state
+        for (kind, key, kn), res in pool.imap_unordered(one, jobs):
+            failed += res.startswith("failed")
+            print(f"{kind:8s} {str(key):36s} {kn}: {res}", flush=True)
+    print(f"prebuild_knob_variants: {len(jobs)} jobs, {failed} failed, {time.time() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--jobs", type=int, default=os.cpu_count())
+    p.add_argument("--knobs", nargs="*", default=None, help="bench/ab_attn_score.py knob specs NAME=INT[,NAME=INT]")
+    sys.exit(main(p.parse_args()))
