@@ -408,8 +408,9 @@ class SparseHeadSumSm90(GatherHints):
         them), reload raw with block n + IDX_AHEAD's (no wait), then per chunk: acquire its stage, one 16-byte
         cp.async per valid piece, commit, and publish the chunk `lag` groups back.
 
-        lean (LEAN_GATHER): (copy_raw, a0, gcol, rsb), the copies by addresses formed once, the same pieces
-        into the same swizzled shared-memory bytes by the same cp.async. A thread's piece p is row tidx // per_row +
+        lean (LEAN_GATHER): (copy_raw, a0, gcol, rsb), the copies by addresses formed once, the same pieces into the
+        same swizzled shared-memory bytes by the same cp.async (p_bytes, s_bytes: lean_strides, trace-time integers
+        here, where they stay constants of the IR). A thread's piece p is row tidx // per_row +
         p x step (step = 128 // per_row rows), column tidx % per_row, so its shared address is a0 (piece 0 of stage 0)
         + p x p_bytes + the stage x s_bytes (lean_strides: multiples of 1024, which leave the swizzle's bits [4, 10)
         alone), and its global address gcol (the thread's column) + the row x rsb (row stride in bytes) + the

@@ -187,8 +187,8 @@ def test_cuda_graph_capture(kind, H, D):
 @pytest.mark.parametrize("knobs", [dict(GATHER_PREFETCH=0), dict(GATHER_PREFETCH=1), dict(GATHER_PREFETCH=2),
                                    dict(GATHER_PREFETCH=3), dict(GATHER_PREFETCH=3, EVICT_LAST_KV_BYTES=0),
                                    dict(IDX_AHEAD=1), dict(IDX_AHEAD=2), dict(IDX_AHEAD=3),
-                                   dict(LEAN_GATHER=True), dict(LEAN_GATHER=True, IDX_AHEAD=1),
-                                   dict(LEAN_GATHER=False), dict(LEAN_GATHER=False, IDX_AHEAD=2)])
+                                   dict(LEAN_GATHER=True), dict(LEAN_GATHER=False),
+                                   dict(LEAN_GATHER=False, IDX_AHEAD=2)])
 def test_gather_hints(monkeypatch, kind, H, D, knobs):
     """The gather's copy forms (gather_sm90.GatherHints: 0 the DSL's cp.async.cg atom; 1 inline PTX with the L2::256B
     hint and the swizzled address computed by hand; 2 an evict_last policy; 3 evict_last or, with

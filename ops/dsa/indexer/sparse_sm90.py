@@ -12,7 +12,8 @@ the producer kept 3 chunks in flight); cuDNN frontend 0.38 ms in the same run (0
 several rows per CTA and a persistent grid are the next levers (docs/performance.md). Gathers with the L2 hints of
 gather_sm90.GatherHints form 3 since 2026-12-05 (H200 same run: 0.614 -> 0.579 ms, bitwise equal).
 Since 2026-12-06 the producer forms its copies' addresses once (LEAN_GATHER; ncu had shown it, at ~38 instructions
-a 16-byte copy, the kernel's bound): H100 06:43, 0.554 -> 0.425 ms (cuDNN 0.389, 0.92x), bitwise equal.
+a 16-byte copy, the kernel's bound) and its producer has 48 registers: H100 06:43-07:13, 0.554 -> 0.425 -> 0.410 ms
+(cuDNN 0.389, 0.95x), bitwise equal; tests and sanitizers pass on the H100, not yet run on the H200.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .score_sm90 import IndexerEpilogue
@@ -26,7 +27,7 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
     MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06, fp32 weights: 80, 16 B spill); 2 x (16 + 64) KiB smem
     REGS = (48, 96)     # producer 48 (its pinned addresses): H100 2026-12-06 07:00, 0.424 -> 0.407 ms, same bits
     IDX_AHEAD = 1       # with LEAN_GATHER (2: 0.715 ms, spills); without it 2 was best (H200 04:20: 0.578 -> 0.562 ms)
-    LEAN_GATHER = True  # addresses formed once: H100 2026-12-06 06:43, 0.554 (IDX_AHEAD 2, not lean) -> 0.425 ms, same bits
+    LEAN_GATHER = True  # addresses formed once: H100 2026-12-06 06:43, 0.554 (IDX_AHEAD 2) -> 0.425 ms, same bits
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (64, 128) and heads in (16, 32, 64), (head_dim, heads)
