@@ -1,8 +1,10 @@
 """Launch-shape sweep of the indexer backward kernels (ops/dsa/indexer/sparse_bwd_sm90.py and its dense subclass)
 on the H200.
 
-Each variant sets SparseIndexerBwdSm90.CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
-flight per CTA) and REGS (setmaxnreg of producer / consumers), is compiled and timed at the bench rows' shapes: the
+Each variant sets class knobs of SparseIndexerBwdSm90: CONSUMERS (consumer warpgroups behind the producer: query-row
+blocks in flight per CTA) and REGS (setmaxnreg of producer / consumers), or the epilogue's forms (DA_STORE: dA to
+shared memory by stmatrix, "scalar" or "former"; DK_AHEAD: the block's dk tiles issued together; W_HOIST: w in
+registers), and is compiled and timed at the bench rows' shapes: the
 sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense causal
 backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
 d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in
@@ -30,8 +32,11 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS")
-VARIANTS = ((2, (40, 232)), (3, (24, 160)), (3, (40, 152)))
+KNOBS = ("CONSUMERS", "REGS", "DA_STORE", "DK_AHEAD", "W_HOIST")
+# knobs each variant sets (the rest at the default); the first is the default kernel. "former": the epilogue before
+# 2026-12-06 (a 16-bit store an element, sW read per element, the dk tiles one at a time)
+VARIANTS = ({}, {"DA_STORE": "former", "DK_AHEAD": False}, {"DK_AHEAD": False}, {"DA_STORE": "scalar"},
+            {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
 DEV = "cuda"
 
 
@@ -93,15 +98,14 @@ def main(a):
         return profile_once()
     default = {k: getattr(Kernel, k) for k in KNOBS}
     print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
-    print(f"{'row':>24s} {'W':>2s} {'regs':>10s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}",
-          flush=True)
+    print(f"{'row':>24s} {'variant':>36s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}", flush=True)
     for make in (sparse_case, dense_case):
         name, run, out, flops = make()
         ref = None
-        for w_count, regs in VARIANTS:
-            for k, v in zip(KNOBS, (w_count, {w_count: regs})):
-                setattr(Kernel, k, v)
-            shape = f"{w_count:2d} {str(regs):>10s}"
+        for knobs in VARIANTS:
+            for k, v in default.items():
+                setattr(Kernel, k, knobs.get(k, v))
+            shape = f"{' '.join(f'{k}={v}' for k, v in knobs.items()) or 'default':>36s}"
             sparse_seam._CACHE.clear()
             dense_seam._CACHE.clear()
             try:

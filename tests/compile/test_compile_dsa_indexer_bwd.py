@@ -31,7 +31,7 @@ def test_compile_variant(key):
                                         ("dense_bwd", "128, 64, 'bfloat16', True, True, True")])
 def test_ptx(tmp_path, module, key):
     """Both indexer backwards (the dense one is the sparse kernel with another slot source): X^T, dq^T and dk
-    wgmmas, 16-byte gathers, no local memory; d_index_k by red.v4, or in the deterministic variant (key ends in
+    wgmmas, 16-byte gathers, dA stored by stmatrix, no local memory; d_index_k by red.v4, or in the deterministic variant (key ends in
     True) stored to its staging rows as the tile lies in the registers (st.global.v2: 2 rows x 8 column pairs a
     thread, 2 chunks), no reduction at all."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
@@ -42,6 +42,10 @@ def test_ptx(tmp_path, module, key):
     text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
     assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4          # X^T, dq^T, dk: 2 chunks each
     assert text.count("cp.async.cg.shared.global") + text.count("cp.async.ca.shared.global") == 2 * 4
+    # dA to shared memory by stmatrix (32 values a thread, 8 a x4), none element by element; relu by max.NaN
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.(?:m8n8\.)?x4", text)) == 4, "dA by 4 stmatrix x4"
+    assert not re.search(r"st\.shared\.(?:b16|u16)", text)
+    assert text.count("max.NaN.f32") == 32
     if key.count(",") == 5:
         assert not re.search(r"\b(red|atom)\.", text)
         assert text.count("st.global.v2.") == 2 * 2 * 8

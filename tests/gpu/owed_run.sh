@@ -5,6 +5,7 @@
 #     BUDGET=560 bash tests/gpu/owed_run.sh
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-06 06:37-07:16, five calls, all on H100s (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt,
 # T0653.txt, T0710.txt: the whole suite and all sanitizers passed on e4fa334, the sparse scores' file and sanitizer
 # on da4427f (HEAD's kernels). The last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
@@ -60,8 +61,8 @@ if step "LEAN_GATHER=0 sanitizers and attention-score A/B" 90 lean; then
   grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/lean.log"
 fi
 if step "attention-score recompute knob A/B" 60 ab_attn; then
-  # its LAG 4 / 6 and lean copies were slower (H100 12-06 07:13); fewer chunks in flight not yet tried
-  timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs ${AB_KNOBS:-LAG=2 LAG=1 LAG=2,LEAN_GATHER=1} 2>&1 |
+  # LAG 1 the default since H100 12-06 08:27 (3.18 -> 3.05 ms at H 128); LAG 0 not yet tried, 3 the former default
+  timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs ${AB_KNOBS:-LAG=0 LAG=3} 2>&1 |
     grep -v Warn > "$OUT/ab_attn.txt"
   tail -10 "$OUT/ab_attn.txt"
 fi
@@ -84,7 +85,8 @@ if step "ncu of the top-k" 90 ncu_topk; then
   head -30 "$OUT/p_topk.txt"
 fi
 if step "indexer bench rows" 40 bench_rows; then
-  timeout $(($(left) - 5)) python3 bench/dsa_indexer.py --rows "${BENCH_ROWS:-sparse idx rec}" > "$OUT/bench_rows.txt" 2>&1
+  IFS=';' read -ra rows <<< "${BENCH_ROWS:-sparse idx rec}"       # row substrings, ';' between them
+  timeout $(($(left) - 5)) python3 bench/dsa_indexer.py --rows "${rows[@]}" > "$OUT/bench_rows.txt" 2>&1
   grep -v -E "Warn|^\s*$" "$OUT/bench_rows.txt" | tail -12
 fi
 if step "benches" 60 benches; then

@@ -5,7 +5,7 @@
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
 ~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
-at its key, and bench/ab_attn_score.py's knob sets (--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
+at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets (--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse
@@ -19,13 +19,17 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "SparseIndexerScoreSm90"),
-         "attn": ("ops.dsa.attn_score.sparse", "ops.dsa.attn_score.sparse_sm90", "SparseAttnScoreSm90")}
+         "attn": ("ops.dsa.attn_score.sparse", "ops.dsa.attn_score.sparse_sm90", "SparseAttnScoreSm90"),
+         "idx_bwd": ("ops.dsa.indexer.sparse_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90"),
+         "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90")}
 # test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
 GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
                 ("attn", (576, 128, False, True), (576, 128, True, False)),
                 ("attn", (512, 64, False, True), (512, 64, True, False))]
 AB_KEYS = [(576, 128, False, False), (576, 64, False, False)]
 SHAPES_KEY = (128, 64, "float32", False, False)
+BWD_KEYS = {"idx_bwd": (128, 64, "float32", False, False, False),          # bench/indexer_bwd_shapes.py's rows
+            "idx_dense_bwd": (128, 64, "float32", False, False, False)}
 
 
 def gather_hint_knobs():
@@ -44,6 +48,12 @@ def gather_hint_knobs():
 def shape_variants():
     src = open(os.path.join(ROOT, "bench", "sparse_score_shapes.py")).read()
     i, j = src.index("VARIANTS = "), src.index("HINTS = ")
+    return eval(src[i + len("VARIANTS = "):j])          # noqa: S307 (the bench's own literal)
+
+
+def bwd_shape_variants():
+    src = open(os.path.join(ROOT, "bench", "indexer_bwd_shapes.py")).read()
+    i, j = src.index("VARIANTS = "), src.index("\nDEV = ")
     return eval(src[i + len("VARIANTS = "):j])          # noqa: S307 (the bench's own literal)
 
 
@@ -69,7 +79,8 @@ def one(job):
 def main(a):
     jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
-    specs = a.knobs if a.knobs is not None else ["LAG=2", "LAG=1", "LAG=2,LEAN_GATHER=1"]
+    jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
+    specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
         kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}
         jobs += [("attn", key, kn) for key in AB_KEYS]

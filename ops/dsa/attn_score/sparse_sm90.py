@@ -27,6 +27,8 @@ class SparseAttnScoreSm90(AttnScoreEpilogue, SparseHeadSumSm90):
     """One compiled variant: (Dqk, heads, varlen, has_length)."""
 
     HEAD_SPLIT = True    # H200 2026-12-05: 1.5x the lockstep schedule (module docstring); False only for the A/B
+    LAG = 1              # chunks in flight a producer thread before it publishes the oldest (H100 2026-12-06 08:27,
+    #                      bench/ab_attn_score.py, bitwise equal: H 128 3.18 / 3.14 / 3.05 ms at LAG 3 / 2 / 1)
 
     def __init__(self, head_dim: int, heads: int, varlen: bool, has_length: bool):
         assert head_dim in (512, 576) and heads in (64, 128), (head_dim, heads)

@@ -70,6 +70,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -95,6 +96,10 @@ class SparseIndexerBwdSm90(BlockGather):
     consumers)."""
 
     LAG = 3
+    DA_STORE = "stmatrix"   # dA to sdA by stmatrix from a bf16 copy of the X tile; A/B only (2026-12-06): "scalar"
+    #                         (a 16-bit store an element), "former" (that, with sW read and two selects an element)
+    W_HOIST = False      # w of the thread's columns in registers for the whole row (spills with DK_AHEAD); A/B only
+    DK_AHEAD = True      # the block's dk tiles issued together (an accumulator a chunk); A/B only (2026-12-06)
     CONSUMERS = 2
     REGS = {2: (40, 232), 3: (24, 160)}
 
@@ -396,8 +401,8 @@ class SparseIndexerBwdSm90(BlockGather):
         """Consumer w's block n (module docstring): X^T, G, d_weights partials, dA to sdA[w], dq^T and the dk tiles
         with their reductions, the chunks released."""
         pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
-        tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k = frag
-        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
+        tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s = frag
+        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, wv = regs
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
@@ -422,17 +427,31 @@ class SparseIndexerBwdSm90(BlockGather):
         else:
             partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
                          Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
-        # ---- d_weights partials, dA (bf16) to sdA[w]
+        # ---- d_weights partials, dA = G w relu'(X) (bf16) to sdA[w]
         x_mn = acc_mn_view(acc_x)
-        for r in cutlass.range_constexpr(2):
-            for ci in cutlass.range_constexpr(n_cols):
+        for ci in cutlass.range_constexpr(n_cols):
+            h = x_id[0, ci][1]
+            wc = wv[ci] if cutlass.const_expr(self.W_HOIST) else sW[h]
+            for r in cutlass.range_constexpr(2):
                 x = x_mn[r, ci]
-                h = x_id[r, ci][1]
-                relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))        # NaN kept
-                slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
-                                                cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
-                dwp[ci] = dwp[ci] + gr[r] * relu
-                sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
+                if cutlass.const_expr(self.DA_STORE == "former"):     # sW read and two selects an element
+                    relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))
+                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
+                                                    cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
+                    dwp[ci] = dwp[ci] + gr[r] * relu
+                    sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
+                else:
+                    relu = cute.arch.fmax(x, Float32(0.0), nan=True)                         # FMNMX.NaN
+                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0), relu))    # 1, 0 or NaN
+                    dwp[ci] = dwp[ci] + gr[r] * relu
+                    if cutlass.const_expr(self.DA_STORE == "stmatrix"):
+                        x_mn[r, ci] = gr[r] * wc * slope
+                    else:
+                        sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * wc * slope)
+        if cutlass.const_expr(self.DA_STORE == "stmatrix"):      # the tile in bf16 pairs, 8 x 8 matrices a warp
+            rdA = cute.make_rmem_tensor(acc_x.layout, self.dt)
+            rdA.store(acc_x.load().to(self.dt))
+            cute.copy(r2s, thr_r2s.retile(rdA), thr_r2s.partition_D(sdA[None, None, w]))
         cute.arch.fence_proxy("async.shared", space="cta")
         for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
             if w == i:
@@ -444,18 +463,32 @@ class SparseIndexerBwdSm90(BlockGather):
             for kb in cutlass.range_constexpr(BK // 16):
                 cute.gemm(dq_mma, acc_dq[ch], tQrK[None, None, kb, s.index], tQrA[None, None, kb, w], acc_dq[ch])
         warpgroup.commit_group()
-        for ch in cutlass.range_constexpr(NC):
-            acc_k = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
-            acc_k.fill(0.0)
+
+        def issue_dk(ch):          # dk tile of chunk ch = dA Q_ch, one committed group
+            acc = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
+            acc.fill(0.0)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(H // 16):
-                cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
+                cute.gemm(dk_mma, acc, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc)
             warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            return acc
+
+        def reduce_dk(acc, ch):
             if cutlass.const_expr(self.stage):
-                st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
+                st_tile_pairs(acc_mn_view(acc), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
             else:
-                red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
+                red_tile_lines(acc_mn_view(acc), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
+
+        if cutlass.const_expr(self.DK_AHEAD):   # all tiles issued, tile ch reduced under the later tiles' wgmmas
+            acc_ks = [issue_dk(ch) for ch in range(NC)]
+            for ch in cutlass.range_constexpr(NC):
+                warpgroup.wait_group(NC - 1 - ch)
+                reduce_dk(acc_ks[ch], ch)
+        else:
+            for ch in cutlass.range_constexpr(NC):
+                acc_k = issue_dk(ch)
+                warpgroup.wait_group(0)
+                reduce_dk(acc_k, ch)
         warpgroup.wait_group(0)
         for ch in cutlass.range_constexpr(NC):
             pipe.consumer_release(self.chunk_state(n, ch, False))
@@ -497,8 +530,13 @@ class SparseIndexerBwdSm90(BlockGather):
             for r in cutlass.range_constexpr(2):
                 self.slot_loads(praw, ps, pa, mIdx, mS, mA, batch, row, w * BK + x_id[r, 0][0], row_len, r)
         acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
-        frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k)
-        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), x_mma)
+        thr_r2s = r2s.get_slice(t)
+        wv = cute.make_rmem_tensor((n_cols,), Float32)  # w of the thread's columns (sW written before PRE_BAR)
+        for ci in cutlass.range_constexpr(n_cols):
+            wv[ci] = sW[x_id[0, ci][1]]
+        frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s)
+        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, wv)
         ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
                ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
