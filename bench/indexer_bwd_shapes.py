@@ -2,11 +2,9 @@
 on the H200.
 
 Each variant sets class knobs of SparseIndexerBwdSm90: CONSUMERS (consumer warpgroups behind the producer: query-row
-blocks in flight per CTA) and REGS (setmaxnreg of producer / consumers), or the epilogue's forms (DA_STORE: dA to
-shared memory by stmatrix, "scalar" or "former"; DK_AHEAD: the block's dk tiles issued together; W_HOIST: w in
-registers), and is compiled and timed at the bench rows' shapes: the
-sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense causal
-backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
+blocks in flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench
+rows' shapes: the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the
+dense causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
 d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in
 any order): the largest difference relative to the largest magnitude is printed, and a variant off by more than
 1e-2 is marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when it is unpacked.
@@ -32,11 +30,11 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS", "DA_STORE", "DK_AHEAD", "W_HOIST")
-# knobs each variant sets (the rest at the default); the first is the default kernel. "former": the epilogue before
-# 2026-12-06 (a 16-bit store an element, sW read per element, the dk tiles one at a time)
-VARIANTS = ({}, {"DA_STORE": "former", "DK_AHEAD": False}, {"DK_AHEAD": False}, {"DA_STORE": "scalar"},
-            {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
+KNOBS = ("CONSUMERS", "REGS")
+# knobs each variant sets (the rest at the default); the first is the default kernel. 2026-12-06 08:50 (H100) this
+# list also held the epilogue's former forms (DA_STORE, DK_AHEAD, W_HOIST; ops/dsa/indexer/sparse_bwd_sm90.py's
+# docstring has their figures; removed since)
+VARIANTS = ({}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
 DEV = "cuda"
 
 

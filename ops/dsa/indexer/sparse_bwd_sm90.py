@@ -20,13 +20,19 @@ PRE_BAR; four slots' loads in flight a thread) and load w (sW). Consumer warpgro
 its own (no per-block cross-warpgroup barrier):
   X^T = K Q^T (m64 nHi k16; A = the chunks, B = the resident Q tile) -> G for the thread's two slots (their idx,
   index_score and attn_score loaded one block ahead, at a clamped slot and all three together, validity tested at
-  use, so no load latency sits between the wgmma and the epilogue: slot_loads), d_weights partials, dA (bf16) to its
-  own sdA[w] (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
-  dk tile (64 keys x 64 columns per chunk) = dA Q (A = sdA, B = Q read MN-major) added to global fp32 with
-  red.global.add.v4.f32 at the valid keys' rows (two lane-bit swaps first, so one warp instruction adds a whole
-  128-byte line to each of 4 keys: ops/common/vector_red_sm90.py red_tile_lines; each lane takes the dk rows of its
-  partner lane ^ 4 once a block); dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the chunks
-  read MN-major, B = sdA read MN-major); wait_group 0, release the block's chunks.
+  use, so no load latency sits between the wgmma and the epilogue: slot_loads), d_weights partials, dA written over
+  the X tile in the registers (relu by max.NaN, its slope selected from it: 1, 0 or NaN), converted to bf16 pairs and
+  stored to its own sdA[w] by stmatrix (fence.proxy.async, named barrier DA_BAR + w over its 128 threads);
+  dq^T (Di x Hi, registers over the warpgroup's blocks) += K^T dA (A = the chunks read MN-major, B = sdA read
+  MN-major), issued first; then per chunk the dk tile (64 keys x 64 columns) = dA Q (A = sdA, B = Q read MN-major),
+  waited and added to global fp32 with red.global.add.v4.f32 at the valid keys' rows (two lane-bit swaps first, so
+  one warp instruction adds a whole 128-byte line to each of 4 keys: ops/common/vector_red_sm90.py red_tile_lines;
+  each lane takes the dk rows of its partner lane ^ 4 once a block); wait_group 0, release the block's chunks.
+Epilogue forms measured on the H100 (2026-12-06 08:50, bench/indexer_bwd_shapes.py, same run; dq / d_weights bitwise
+equal, dk within the atomics' order): one 16-bit store an element with sW read and two selects an element 1.899 ms
+(sparse 4K/8K k 2048 H 64) / 7.095 ms (dense causal 8K H 64); the same stores with one select 1.882 / 6.561; stmatrix
+1.600 / 6.058 (this form); stmatrix with the block's two dk tiles issued together (a second accumulator, each reduced
+under the other's wgmmas) 1.619 / 6.070, not kept.
 A consumer's next block's X^T issued behind this block's first dk tile (the loop peeled, so the dk reductions run
 under it) measured slower on the H100 (2026-12-05, same run: sparse 4K/8K k 2048 H 64 1.99 vs 1.90 ms, dense causal
 8K H 64 7.41 vs 6.96 ms) and was taken out again (it lives in the history as the X_EARLY knob, commit c02e5ec).
@@ -55,7 +61,9 @@ the default mode's; the gate now scales by sum |G| relu), racecheck / memcheck c
 5.09 ms against the default's 1.89. Rerun with the new gate (2026-12-05 03:23, perf/device_2026-12-05T0323.txt):
 test_dsa_indexer_bwd 26 passed, test_dsa_indexer_dense_bwd 38 passed, sanitizers clean.
 
-Status: H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
+Status: H100 2026-12-06 08:50 (the stmatrix epilogue): tests/gpu/test_dsa_indexer_bwd.py (28) and
+test_dsa_indexer_dense_bwd.py (39) pass, racecheck / memcheck clean; Sq 4K, Sk 8K, top-k 2048, Hi 64, Di 128: 1.61 ms
+against cuDNN frontend's 1.93 ms in the same run (1.20x; 1.87 vs 1.95, 1.04x, before). Earlier, H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K,
 top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the same run (2.59 before the slot loads
 moved a block ahead; bench/indexer_bwd_shapes.py sweeps the launch shape; docs/performance.md). 2026-12-04 19:30
 UTC (d_index_k by whole 128-byte lines, line_rows): the same tests and sanitizers pass; 1.89 ms against cuDNN's 1.94.
@@ -96,10 +104,6 @@ class SparseIndexerBwdSm90(BlockGather):
     consumers)."""
 
     LAG = 3
-    DA_STORE = "stmatrix"   # dA to sdA by stmatrix from a bf16 copy of the X tile; A/B only (2026-12-06): "scalar"
-    #                         (a 16-bit store an element), "former" (that, with sW read and two selects an element)
-    W_HOIST = False      # w of the thread's columns in registers for the whole row (spills with DK_AHEAD); A/B only
-    DK_AHEAD = True      # the block's dk tiles issued together (an accumulator a chunk); A/B only (2026-12-06)
     CONSUMERS = 2
     REGS = {2: (40, 232), 3: (24, 160)}
 
@@ -402,7 +406,7 @@ class SparseIndexerBwdSm90(BlockGather):
         with their reductions, the chunks released."""
         pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
         tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s = frag
-        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, wv = regs
+        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
@@ -430,28 +434,16 @@ class SparseIndexerBwdSm90(BlockGather):
         # ---- d_weights partials, dA = G w relu'(X) (bf16) to sdA[w]
         x_mn = acc_mn_view(acc_x)
         for ci in cutlass.range_constexpr(n_cols):
-            h = x_id[0, ci][1]
-            wc = wv[ci] if cutlass.const_expr(self.W_HOIST) else sW[h]
+            wc = sW[x_id[0, ci][1]]
             for r in cutlass.range_constexpr(2):
                 x = x_mn[r, ci]
-                if cutlass.const_expr(self.DA_STORE == "former"):     # sW read and two selects an element
-                    relu = Float32(cutlass.select_(x < Float32(0.0), Float32(0.0), x))
-                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0),
-                                                    cutlass.select_(x <= Float32(0.0), Float32(0.0), x)))
-                    dwp[ci] = dwp[ci] + gr[r] * relu
-                    sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * sW[h] * slope)
-                else:
-                    relu = cute.arch.fmax(x, Float32(0.0), nan=True)                         # FMNMX.NaN
-                    slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0), relu))    # 1, 0 or NaN
-                    dwp[ci] = dwp[ci] + gr[r] * relu
-                    if cutlass.const_expr(self.DA_STORE == "stmatrix"):
-                        x_mn[r, ci] = gr[r] * wc * slope
-                    else:
-                        sdA[x_id[r, ci][0], h, w] = self.dt(gr[r] * wc * slope)
-        if cutlass.const_expr(self.DA_STORE == "stmatrix"):      # the tile in bf16 pairs, 8 x 8 matrices a warp
-            rdA = cute.make_rmem_tensor(acc_x.layout, self.dt)
-            rdA.store(acc_x.load().to(self.dt))
-            cute.copy(r2s, thr_r2s.retile(rdA), thr_r2s.partition_D(sdA[None, None, w]))
+                relu = cute.arch.fmax(x, Float32(0.0), nan=True)                         # FMNMX.NaN: NaN kept
+                slope = Float32(cutlass.select_(x > Float32(0.0), Float32(1.0), relu))    # 1, 0 or NaN
+                dwp[ci] = dwp[ci] + gr[r] * relu
+                x_mn[r, ci] = gr[r] * wc * slope
+        rdA = cute.make_rmem_tensor(acc_x.layout, self.dt)      # the tile in bf16 pairs, stmatrix 8 x 8 x 4 a warp
+        rdA.store(acc_x.load().to(self.dt))
+        cute.copy(r2s, thr_r2s.retile(rdA), thr_r2s.partition_D(sdA[None, None, w]))
         cute.arch.fence_proxy("async.shared", space="cta")
         for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
             if w == i:
@@ -463,32 +455,18 @@ class SparseIndexerBwdSm90(BlockGather):
             for kb in cutlass.range_constexpr(BK // 16):
                 cute.gemm(dq_mma, acc_dq[ch], tQrK[None, None, kb, s.index], tQrA[None, None, kb, w], acc_dq[ch])
         warpgroup.commit_group()
-
-        def issue_dk(ch):          # dk tile of chunk ch = dA Q_ch, one committed group
-            acc = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
-            acc.fill(0.0)
+        for ch in cutlass.range_constexpr(NC):
+            acc_k = thr_k.make_fragment_C(thr_k.partition_shape_C((BK, DC)))
+            acc_k.fill(0.0)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(H // 16):
-                cute.gemm(dk_mma, acc, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc)
+                cute.gemm(dk_mma, acc_k, tKrA[None, None, kb, w], tKrQ[None, None, kb, ch], acc_k)
             warpgroup.commit_group()
-            return acc
-
-        def reduce_dk(acc, ch):
+            warpgroup.wait_group(0)
             if cutlass.const_expr(self.stage):
-                st_tile_pairs(acc_mn_view(acc), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
+                st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
             else:
-                red_tile_lines(acc_mn_view(acc), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
-
-        if cutlass.const_expr(self.DK_AHEAD):   # all tiles issued, tile ch reduced under the later tiles' wgmmas
-            acc_ks = [issue_dk(ch) for ch in range(NC)]
-            for ch in cutlass.range_constexpr(NC):
-                warpgroup.wait_group(NC - 1 - ch)
-                reduce_dk(acc_ks[ch], ch)
-        else:
-            for ch in cutlass.range_constexpr(NC):
-                acc_k = issue_dk(ch)
-                warpgroup.wait_group(0)
-                reduce_dk(acc_k, ch)
+                red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
         warpgroup.wait_group(0)
         for ch in cutlass.range_constexpr(NC):
             pipe.consumer_release(self.chunk_state(n, ch, False))
@@ -532,11 +510,8 @@ class SparseIndexerBwdSm90(BlockGather):
         acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), x_mma)
         thr_r2s = r2s.get_slice(t)
-        wv = cute.make_rmem_tensor((n_cols,), Float32)  # w of the thread's columns (sW written before PRE_BAR)
-        for ci in cutlass.range_constexpr(n_cols):
-            wv[ci] = sW[x_id[0, ci][1]]
         frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s)
-        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, wv)
+        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa)
         ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
                ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
