@@ -2,7 +2,7 @@
 on the H200.
 
 Each variant sets class knobs of SparseIndexerBwdSm90: CONSUMERS (consumer warpgroups behind the producer: query-row
-blocks in flight per CTA), REGS (setmaxnreg of producer / consumers) and DK_STAGED, and is compiled and timed at the bench
+blocks in flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench
 rows' shapes: the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the
 dense causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
 d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in
@@ -30,12 +30,11 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS", "DK_STAGED")
+KNOBS = ("CONSUMERS", "REGS")
 # knobs each variant sets (the rest at the default); the first is the default kernel. 2026-12-06 08:50 (H100) this
 # list also held the epilogue's former forms (DA_STORE, DK_AHEAD, W_HOIST; ops/dsa/indexer/sparse_bwd_sm90.py's
-# docstring has their figures; removed since). DK_STAGED False: d_index_k by lane swaps (red_tile_lines); 3
-# consumers leave no room for the staging tiles
-VARIANTS = ({}, {"DK_STAGED": False}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}, "DK_STAGED": False})
+# docstring has their figures; removed since)
+VARIANTS = ({}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
 DEV = "cuda"
 
 

@@ -111,49 +111,6 @@ def red_tile_lines(k_mn: cute.Tensor, krow_b: cute.Tensor, lane: Int32, mDst: cu
                                y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2], y[8 * r + 4 * b + 3])
 
 
-STAGE_STRIDE = 72   # fp32 row stride of a warp's staging tile (64 columns + 8: a warp's 8 rows x 32 B in 2 wavefronts)
-
-
-def staged_row_keys(keys, own0, own1, lane):
-    """keys[j] = the destination row (-1: skip) of warp tile row (lane >> 4) + 2 j (j < 8), the row red_tile_staged
-    has this lane add, from the rows' owners (own_r of lane 4 (row % 8): tile row lane >> 2 + 8 r). Every lane must
-    call it (one shuffle a key); a plain function (traced inline)."""
-    for j in range(8):
-        keys[j] = cute.arch.shuffle_sync(own0 if j < 4 else own1, (((lane >> 4) + 2 * j) % 8) * 4)
-
-
-@cute.jit
-def red_tile_staged(k_mn: cute.Tensor, sWarp: cute.Tensor, keys: cute.Tensor, lane: Int32, mDst: cute.Tensor,
-                    batch: Int32, col0):
-    """Adds one warp's 16 rows x 64 columns of an m64 n64 accumulator tile (k_mn its (row, column) view) to
-    mDst[key, col0 + column, batch] (fp32) through shared memory instead of lane shuffles: the lane's column pairs
-    stored to the warp's own staging tile sWarp (fp32 (16, STAGE_STRIDE), st.shared.v2), __syncwarp, then each lane
-    reads 16 bytes of row (lane >> 4) + 2 j (ld.shared.v4) and adds them with one red.v4 at keys[j]
-    (staged_row_keys; skipped where < 0): a warp instruction adds 2 rows x 256 bytes. No select, no shuffle of
-    values (red_tile_lines: 48 selects and 16 shuffles a 32-column line). __syncwarp first, so the warp's reads of
-    the previous tile are done before it is overwritten. Every lane must call it."""
-    cute.arch.sync_warp()
-    for r in cutlass.range_constexpr(2):
-        for j in cutlass.range_constexpr(8):
-            v = cute.make_rmem_tensor((2,), Float32)
-            v[0], v[1] = k_mn[r, 2 * j], k_mn[r, 2 * j + 1]
-            dst = cute.make_tensor(sWarp.iterator + ((lane >> 2) + 8 * r) * STAGE_STRIDE + 8 * j + 2 * (lane % 4),
-                                   cute.make_layout(2))
-            cute.autovec_copy(v, dst)
-    cute.arch.sync_warp()
-    piece = lane % 16
-    src0 = sWarp.iterator + (lane >> 4) * STAGE_STRIDE + 4 * piece            # row lane >> 4, 16 bytes
-    dst0 = mDst.iterator + cute.crd2idx((0, col0 + 4 * piece, batch), mDst.layout)     # row 0 of the columns
-    row_stride = mDst.stride[0]
-    xs = [cute.make_rmem_tensor((4,), Float32) for _ in range(8)]
-    for j in cutlass.range_constexpr(8):        # all eight loads first, then the reductions
-        cute.autovec_copy(cute.make_tensor(src0 + 2 * j * STAGE_STRIDE, cute.make_layout(4)), xs[j])
-    for j in cutlass.range_constexpr(8):
-        kr = keys[j]
-        if kr >= 0:
-            red_add_v4(dst0 + kr * row_stride, xs[j][0], xs[j][1], xs[j][2], xs[j][3])
-
-
 @cute.jit
 def red_tile_halflines(k_mn: cute.Tensor, krow: cute.Tensor, lane: Int32, mDst: cute.Tensor, batch: Int32, col0,
                        n_lines: cutlass.Constexpr):

@@ -84,8 +84,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
-from ...common.vector_red_sm90 import (STAGE_STRIDE, partner_rows, red_tile_lines, red_tile_staged, st_tile_pairs,
-                                       staged_row_keys)
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 from ...common.softmax import acc_mn_view
 
 BK = 64
@@ -105,7 +104,6 @@ class SparseIndexerBwdSm90(BlockGather):
     consumers)."""
 
     LAG = 3
-    DK_STAGED = True     # d_index_k through a per-warp shared staging tile (red_tile_staged); False: lane swaps
     CONSUMERS = 2
     REGS = {2: (40, 232), 3: (24, 160)}
 
@@ -120,10 +118,8 @@ class SparseIndexerBwdSm90(BlockGather):
         assert self.W in self.REGS and 128 * (self.W * self.REGS[self.W][1] + self.REGS[self.W][0]) <= 65536
         self.threads = 128 * (1 + self.W)
         self.stages = PART * self.W
-        self.staged = self.DK_STAGED and not deterministic
-        self.n_stage = 4 * self.W * 16 * STAGE_STRIDE if self.staged else 1     # fp32, 16 rows a consumer warp
         smem = (heads * head_dim * 2 + self.stages * BK * DC * 2 + self.W * BK * heads * 2
-                + (self.W - 1) * head_dim * heads * 4 + self.n_stage * 4)
+                + (self.W - 1) * head_dim * heads * 4)
         assert smem <= 225 * 1024, f"launch shape {self.W} consumers: {smem} B of shared memory"
         self.pieces = BK * DC // PIECE // 128      # 4
 
@@ -193,7 +189,6 @@ class SparseIndexerBwdSm90(BlockGather):
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[2])], 1024]
             sdA: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[4])], 1024]
             sDQ: cute.struct.Align[cute.struct.MemRange[Float32, (self.W - 1) * D * H], 16]
-            sDK: cute.struct.Align[cute.struct.MemRange[Float32, self.n_stage], 16]
 
         self.shared_storage = SharedStorage
         return tma_q, tQ, k_v, dk_v, grid, mmas, layouts
@@ -319,9 +314,6 @@ class SparseIndexerBwdSm90(BlockGather):
         sW = st.sW.get_tensor(cute.make_layout(self.H))
         sDW = st.sDW.get_tensor(cute.make_layout((4 * self.W, self.H), stride=(self.H, 1)))
         sDQ = st.sDQ.get_tensor(cute.make_layout((self.W - 1) * self.D * self.H))
-        sDK = None
-        if cutlass.const_expr(self.staged):      # a (16, STAGE_STRIDE) fp32 tile per consumer warp
-            sDK = st.sDK.get_tensor(cute.make_layout((16 * STAGE_STRIDE, 4 * self.W), stride=(1, 16 * STAGE_STRIDE)))
         q_bar = st.mbar_q.data_ptr()
         gQ = cute.local_tile(tQ[None, None, batch], (self.H, self.D), (row, 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ[None, None, 0], 0, 2),
@@ -359,7 +351,7 @@ class SparseIndexerBwdSm90(BlockGather):
             x_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             dk_mma.set(warpgroup.Field.ACCUMULATE, True)
             dq_mma.set(warpgroup.Field.ACCUMULATE, True)
-            sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ, sDK)
+            sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ)
             self.consume(pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid, batch, row, row_len, n_blk,
                          k_off, seqlen_k, ebase)
 
@@ -414,7 +406,7 @@ class SparseIndexerBwdSm90(BlockGather):
         with their reductions, the chunks released."""
         pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
         tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s = frag
-        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, keys, sDKw = regs
+        acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
@@ -436,9 +428,6 @@ class SparseIndexerBwdSm90(BlockGather):
         if cutlass.const_expr(self.stage):      # the slots' staging rows (entry ebase + slot), this lane's own
             for r in cutlass.range_constexpr(2):
                 krow_b[0, r] = Int32(cutlass.select_(kval[r], ebase + n * BK + x_id[r, 0][0], Int32(-1)))
-        elif cutlass.const_expr(self.staged):          # the keys of the rows red_tile_staged gives this lane
-            staged_row_keys(keys, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
-                            Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
         else:
             partner_rows(krow_b, Int32(cutlass.select_(kval[0], krow[0], Int32(-1))),     # -1: invalid slot
                          Int32(cutlass.select_(kval[1], krow[1], Int32(-1))), lane)
@@ -476,8 +465,6 @@ class SparseIndexerBwdSm90(BlockGather):
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.stage):
                 st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
-            elif cutlass.const_expr(self.staged):
-                red_tile_staged(acc_mn_view(acc_k), sDKw, keys, lane, mdK, batch, ch * DC)   # 2 rows x 256 B
             else:
                 red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
         warpgroup.wait_group(0)
@@ -487,7 +474,7 @@ class SparseIndexerBwdSm90(BlockGather):
     @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
                 row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32):
-        sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ, sDK = sv
+        sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
@@ -524,9 +511,7 @@ class SparseIndexerBwdSm90(BlockGather):
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), x_mma)
         thr_r2s = r2s.get_slice(t)
         frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s)
-        keys = cute.make_rmem_tensor((8,), Int32)       # DK_STAGED: staged_row_keys
-        sDKw = sDK[None, ctid // 32] if cutlass.const_expr(self.staged) else None       # the warp's staging tile
-        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa, keys, sDKw)
+        regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa)
         ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
                ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
