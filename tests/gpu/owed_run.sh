@@ -6,10 +6,11 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 06:37-07:16, five calls, all on H100s (nvidia-h200 asked for), perf/device_2026-12-06T0637.txt,
-# T0653.txt, T0710.txt: the whole suite and all sanitizers passed on e4fa334, the sparse scores' file and sanitizer
-# on da4427f (HEAD's kernels). The last H200 run of the whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
-# Owed: all of it on an H200 (the indexer recompute's lean copies have run only on H100s); ab_attn (LAG 2 / 1).
+# Last runs: 2026-12-06 08:20-09:26, four calls, all on H100s (nvidia-h200 asked for), perf/device_2026-12-06T0820.txt,
+# T0847, T0905, T0925: the whole suite and all sanitizers passed on ebfd62e (HEAD's kernels). The last H200 run of the
+# whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
+# Owed: all of it on an H200 (the indexer recompute's lean copies, the attention-score recompute's LAG 1 and the
+# indexer backward's stmatrix epilogue have run only on H100s).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
@@ -61,7 +62,7 @@ if step "LEAN_GATHER=0 sanitizers and attention-score A/B" 90 lean; then
   grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/lean.log"
 fi
 if step "attention-score recompute knob A/B" 60 ab_attn; then
-  # LAG 1 the default since H100 12-06 08:27 (3.18 -> 3.05 ms at H 128); LAG 0 not yet tried, 3 the former default
+  # LAG 1 the default since 12-06 08:40 (H100: 3.18 -> 3.05 ms at H 128); LAG 0 slower (3.69), 3 the former default
   timeout $(($(left) - 5)) python3 bench/ab_attn_score.py --knobs ${AB_KNOBS:-LAG=0 LAG=3} 2>&1 |
     grep -v Warn > "$OUT/ab_attn.txt"
   tail -10 "$OUT/ab_attn.txt"
