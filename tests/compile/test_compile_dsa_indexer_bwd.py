@@ -31,9 +31,9 @@ def test_compile_variant(key):
                                         ("dense_bwd", "128, 64, 'bfloat16', True, True, True")])
 def test_ptx(tmp_path, module, key):
     """Both indexer backwards (the dense one is the sparse kernel with another slot source): X^T, dq^T and dk
-    wgmmas, 16-byte gathers, dA stored by stmatrix, no local memory; d_index_k by red.v4, or in the deterministic variant (key ends in
-    True) stored to its staging rows as the tile lies in the registers (st.global.v2: 2 rows x 8 column pairs a
-    thread, 2 chunks), no reduction at all."""
+    wgmmas, 16-byte gathers, dA stored by stmatrix, relu by max.NaN, no local memory; d_index_k by red.v4, or in the
+    deterministic variant (key ends in True) stored to its staging rows as the tile lies in the registers
+    (st.global.v2: 2 rows x 8 column pairs a thread, 2 chunks), no reduction at all."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import {module} as m; "

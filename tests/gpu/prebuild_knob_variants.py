@@ -5,7 +5,8 @@
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
 ~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
-at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets (--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
+at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets
+(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse

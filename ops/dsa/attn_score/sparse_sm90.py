@@ -17,7 +17,9 @@ this kernel lost to cuDNN (without it 3.46 ms). Since 2026-12-05 the kernel runs
 H200 2026-12-05 (bench/ab_attn_score.py, same run): H 128 3.48 ms = 356 TFLOP/s against the lockstep schedule's 5.32
 ms (1.53x), H 64 2.61 vs 3.86 ms (1.48x), scores and l1norm within 1e-7 relative of it; cuDNN frontend 2.80 ms at
 H 128 (0.81x). tests/gpu/test_dsa_sparse_scores.py (45 passed, the split schedule's cases included) and both
-sanitizers clean on both schedules.
+sanitizers clean on both schedules. H100 2026-12-06 (LAG 1: a producer thread publishes each chunk once the next one
+is issued): H 128 3.05 ms against 3.18 at LAG 3, bitwise equal; cuDNN frontend 3.13-3.15 ms in the same runs (1.02-
+1.03x); tests/gpu/test_dsa_sparse_scores.py and both sanitizers pass (the whole suite at 09:05); not yet on an H200.
 """
 from ...common.sparse_head_sum_sm90 import SparseHeadSumSm90
 from .dense_sm90 import CHUNK, STAGES, AttnScoreEpilogue
