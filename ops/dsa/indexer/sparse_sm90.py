@@ -24,7 +24,8 @@ class SparseIndexerScoreSm90(IndexerEpilogue, SparseHeadSumSm90):
 
     STAGES = 4          # two CTAs an SM (bench/sparse_score_shapes.py, H200 2026-12-04: 0.958 -> 0.622 ms, same bits)
     GATHER_PREFETCH = 3   # L2 hints (gather_sm90.GatherHints): H200 2026-12-05, 0.614 -> 0.579 ms (2: 0.577), same bits
-    MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06, fp32 weights: 80, 16 B spill); 2 x (16 + 64) KiB smem
+    MIN_BLOCKS = 2      # registers capped at 80 (ptxas 12-06 09:50, producer 48: one 8 B spill, in the producer's
+    #                     setup, none in its loop); 2 x (16 + 64) KiB smem
     REGS = (48, 96)     # producer 48 (its pinned addresses): H100 2026-12-06 07:00, 0.424 -> 0.407 ms, same bits
     IDX_AHEAD = 1       # with LEAN_GATHER (2: 0.715 ms, spills); without it 2 was best (H200 04:20: 0.578 -> 0.562 ms)
     LEAN_GATHER = True  # addresses formed once: H100 2026-12-06 06:43, 0.554 (IDX_AHEAD 2) -> 0.425 ms, same bits
