@@ -15,11 +15,11 @@ TMA load) and its K slots in blocks of BK = 64; A = the gathered key rows of a b
 columns through a ring of STAGES shared-memory buffers. 3 warpgroups (384 threads):
   - warpgroup 0 (producer): each of its 128 threads gathers 16-byte pieces of the block's rows with cp.async (rows:
     its slots' idx, loaded IDX_AHEAD blocks ahead so their latency hides behind copies; invalid slots skipped; with
-    LEAN_GATHER by addresses formed once: produce_block), commits a cp.async group per chunk, and
-    `lag` chunks later (that group retired, cp.async.wait_group(lag); lag() is 3, or 1 where a consumer holds a chunk
-    until the next one arrives) fences the async proxy (fence.proxy.async.shared::cta, its writes become visible to
-    wgmma) and arrives on the chunk's full barrier (128 arrivals: all writers, so the consumer's wait orders every
-    lane's stores, not only a fence).
+    LEAN_GATHER by addresses formed once: produce_block), commits a cp.async group per chunk, and `lag` chunks later
+    (that group retired, cp.async.wait_group(lag); lag() is the class's LAG: 3 for the indexer, 1 for the attention
+    variant; 1 where a consumer holds a chunk until the next one arrives) fences the async proxy
+    (fence.proxy.async.shared::cta, its writes become visible to wgmma) and arrives on the chunk's full barrier (128
+    arrivals: all writers, so the consumer's wait orders every lane's stores, not only a fence).
   - warpgroups 1 and 2 (consumers): block n goes to consumer n % 2, each owning half of the ring (the dense core's
     ring_state: no consumer skips a fill of its stages); per chunk: wait full, wgmma (m64 x H x 16), commit, release
     the previous chunk once retired; then the epilogue: f, head sum over the thread's columns and its quad, mask by
