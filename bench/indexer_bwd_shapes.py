@@ -29,11 +29,11 @@ from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
 from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
-KNOBS = ("CONSUMERS", "REGS", "DK_BULK")
+KNOBS = ("CONSUMERS", "REGS")
 # knobs each variant sets (the rest at the default); the first is the default kernel. 2026-12-06 08:50 (H100) this
 # list also held the epilogue's former forms (DA_STORE, DK_AHEAD, W_HOIST; ops/dsa/indexer/sparse_bwd_sm90.py's
 # docstring has their figures; removed since)
-VARIANTS = ({}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}}, {"DK_BULK": True})
+VARIANTS = ({}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
 DEV = "cuda"
 
 

@@ -27,8 +27,7 @@ buffer's base 16-byte aligned and its row stride a multiple of 4 elements.
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
+from cutlass import Float32, Int32
 
 
 @cute.jit
@@ -45,18 +44,6 @@ def st_v2(ptr, x0: Float32, x1: Float32):
     v = cute.make_rmem_tensor((2,), Float32)
     v[0], v[1] = x0, x1
     cute.arch.store(ptr, v.load())
-
-
-def bulk_red_add_f32(dst, src, nbytes: int):
-    """dst[0 : nbytes / 4] += src[0 : nbytes / 4] (fp32) as one cp.reduce.async.bulk.global.shared::cta.bulk_group
-    .add.f32, by inline PTX: dst a global pointer, src a shared-memory pointer, both 16-byte aligned, nbytes a
-    multiple of 16. Each element's add is a relaxed gpu-scope atomic (PTX ISA), so CTAs may add to the same row. The
-    copy engine reads src asynchronously: the issuing thread commits the group (cp_async_bulk_commit_group) and src
-    may be rewritten only after that thread's cp_async_bulk_wait_group(read=True) and a barrier it takes part in."""
-    assert nbytes % 16 == 0, nbytes
-    llvm.inline_asm(None, [Int64(dst.toint()).ir_value(), Int32(src.toint()).ir_value()],
-                    f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};", "l,r",
-                    has_side_effects=True)
 
 
 def swap_lane_bit(v, hi, offset: int, vmask: int):

@@ -55,34 +55,6 @@ def test_ptx(tmp_path, module, key):
     assert "st.local" not in text and "ld.local" not in text
 
 
-@pytest.mark.parametrize("module", ["sparse_bwd", "dense_bwd"])
-def test_ptx_dk_bulk(tmp_path, module):
-    """DK_BULK (d_index_k by bulk reductions): the dk tiles go to the staging tile as they lie in the registers (16
-    st.shared.v2 a chunk a thread), each key row is one 512-byte cp.reduce.async.bulk .add.f32 (Di 128), the staging
-    tile's reuse waits for the bulk reads (wait_group.read), no red.global; the rest as in test_ptx."""
-    from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),
-               CUTE_DSL_CACHE_DIR=str(tmp_path / "cache"))
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ops.dsa.indexer import {module} as m; "
-            "from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as K; "
-            f"K.DK_BULK = {not SparseIndexerBwdSm90.DK_BULK}; "
-            "m.compile_variant(m.variant_key(128, 64, 'float32', False, True))")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
-    text = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"][0].read_text()
-    bulk = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
-    if SparseIndexerBwdSm90.DK_BULK:        # the flipped form is the red.v4 one
-        assert text.count("red.relaxed.gpu.global.add.v4.f32") == 2 * 8 and bulk not in text
-        return
-    assert text.count("wgmma.mma_async") == 2 * 4 + 2 * 4 + 2 * 4
-    assert len(re.findall(re.escape(bulk) + r" \[%rd\d+\], \[%r\d+\], 512;", text)) == 1
-    assert text.count("cp.async.bulk.commit_group") == 1
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0", text)) == 1
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0", text)) == 1
-    assert len(re.findall(r"st\.shared\.v2\.(?:f32|b32)", text)) >= 2 * 16
-    assert not re.search(r"\b(red|atom)\.", text)
-    assert "st.local" not in text and "ld.local" not in text
-
-
 def f32(*s):
     return cuda(np.zeros(s, np.float32))
 

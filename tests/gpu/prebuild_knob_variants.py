@@ -5,9 +5,8 @@
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
 ~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
-at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, bench/ab_attn_score.py's knob sets
-(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys, and the indexer backward tests' dk_form fixture (every
-non-deterministic variant of both indexer backwards with DK_BULK flipped).
+at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets
+(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse
@@ -59,15 +58,6 @@ def bwd_shape_variants():
     return eval(src[i + len("VARIANTS = "):j])          # noqa: S307 (the bench's own literal)
 
 
-def dk_form_jobs():
-    """tests/gpu/test_dsa_indexer_bwd.py / _dense_bwd.py run every test with DK_BULK off and on."""
-    import importlib
-    from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90
-    flip = {"DK_BULK": not SparseIndexerBwdSm90.DK_BULK}
-    return [(kind, key, flip) for kind in ("idx_bwd", "idx_dense_bwd")
-            for key in importlib.import_module(SEAMS[kind][0]).all_variant_keys() if not key[-1]]
-
-
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -91,7 +81,6 @@ def main(a):
     jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
     jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
-    jobs += dk_form_jobs()
     specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
         kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}

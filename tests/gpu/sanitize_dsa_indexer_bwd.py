@@ -2,7 +2,7 @@
 with bf16 weights, an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero if any
 output element is left unwritten (NaN: d_index_q, d_weights and d_index_k are NaN-poisoned, the seam zeroes
 d_index_k before accumulating). Each config runs in deterministic mode too (chunks of 1 and 4 rows, poisoned
-staging: tests/gpu/workspace.py), and the default mode both with DK_BULK off and on."""
+staging: tests/gpu/workspace.py)."""
 import os
 import sys
 
@@ -14,12 +14,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd  # noqa: E402
-from ops.dsa.indexer import sparse_bwd as sparse_seam  # noqa: E402
-from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
 
-def configs():
+def main():
     torch.manual_seed(0)
     dev, nan = "cuda", float("nan")
     stream = torch.cuda.current_stream().cuda_stream
@@ -52,17 +50,6 @@ def configs():
                            deterministic=det, workspace=TorchWorkspace(), workspace_bytes=4 * 130 * 64 * 4,
                            stream=stream)
         outs += [dqa, dka, dwa]
-    return outs
-
-
-def main():
-    """Every config with d_index_k by red.v4 line reductions and by bulk reductions (DK_BULK), each compiled."""
-    outs = []
-    for bulk in (False, True):
-        SparseIndexerBwdSm90.DK_BULK = bulk
-        for seam in (sparse_seam,):
-            seam._CACHE.clear()
-        outs += configs()
     torch.cuda.synchronize()
     bad = int(sum(torch.isnan(t.float()).sum() for t in outs))
     print("sanitize_dsa_indexer_bwd: unwritten (NaN) elements:", bad)

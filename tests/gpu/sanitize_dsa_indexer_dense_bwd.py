@@ -2,7 +2,7 @@
 non-causal with bf16 weights, an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero
 if any output element is left unwritten (NaN: d_index_q, d_weights and d_index_k are NaN-poisoned, the seam zeroes
 d_index_k before accumulating). Each config runs in deterministic mode too (chunks of 2 and 4 rows, poisoned
-staging: tests/gpu/workspace.py), and the default mode both with DK_BULK off and on."""
+staging: tests/gpu/workspace.py)."""
 import os
 import sys
 
@@ -14,8 +14,6 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
-from ops.dsa.indexer import dense_bwd as dense_seam, sparse_bwd as sparse_seam  # noqa: E402
-from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
 
@@ -25,7 +23,7 @@ def poisoned(q, k, w):
             torch.full(w.shape, nan, device=q.device))
 
 
-def configs():
+def main():
     torch.manual_seed(0)
     dev = "cuda"
     stream = torch.cuda.current_stream().cuda_stream
@@ -55,17 +53,6 @@ def configs():
                           cu_seqlens_k=cu_k, deterministic=det, workspace=TorchWorkspace(),
                           workspace_bytes=4 * 100 * 64 * 4, stream=stream)
         outs += [dqa, dka, dwa]
-    return outs
-
-
-def main():
-    """Every config with d_index_k by red.v4 line reductions and by bulk reductions (DK_BULK), each compiled."""
-    outs = []
-    for bulk in (False, True):
-        SparseIndexerBwdSm90.DK_BULK = bulk
-        for seam in (sparse_seam, dense_seam):
-            seam._CACHE.clear()
-        outs += configs()
     torch.cuda.synchronize()
     bad = int(sum(torch.isnan(t.float()).sum() for t in outs))
     print("sanitize_dsa_indexer_dense_bwd: unwritten (NaN) elements:", bad)

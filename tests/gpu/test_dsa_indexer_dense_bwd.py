@@ -28,23 +28,10 @@ sys.path.insert(0, HERE)
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as sparse_kernel  # noqa: E402
-from ops.dsa.indexer import dense_bwd as dense_seam, sparse_bwd as sparse_seam  # noqa: E402
-from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
 DEV = "cuda"
 NAN = float("nan")
-SEAMS = (sparse_seam, dense_seam)
-
-
-@pytest.fixture(autouse=True, params=[False, True], ids=["red_v4", "dk_bulk"])
-def dk_form(request, monkeypatch):
-    """Every test runs with d_index_k by red.v4 line reductions and by bulk reductions from the staging tile
-    (SparseIndexerBwdSm90.DK_BULK, both forms; the deterministic mode has neither), each compiled afresh."""
-    monkeypatch.setattr(SparseIndexerBwdSm90, "DK_BULK", request.param)
-    for seam in SEAMS:
-        monkeypatch.setattr(seam, "_CACHE", {})
-    return request.param
 
 
 def rnd(*shape):

@@ -32,7 +32,10 @@ Epilogue forms measured on the H100 (2026-12-06 08:50, bench/indexer_bwd_shapes.
 equal, dk within the atomics' order): one 16-bit store an element with sW read and two selects an element 1.899 ms
 (sparse 4K/8K k 2048 H 64) / 7.095 ms (dense causal 8K H 64); the same stores with one select 1.882 / 6.561; stmatrix
 1.600 / 6.058 (this form); stmatrix with the block's two dk tiles issued together (a second accumulator, each reduced
-under the other's wgmmas) 1.619 / 6.070, not kept.
+under the other's wgmmas) 1.619 / 6.070, not kept. d_index_k by bulk reductions (DK_BULK, commit 08f578e: the dk tile
+written to a padded fp32 staging tile as it lies in the registers, one 512-byte cp.reduce.async.bulk .add.f32 a key
+row; tests and sanitizers clean) measured slower on the H200 (2026-12-06 10:15, same run: 1.714 vs 1.579 ms sparse,
+6.346 vs 5.945 dense causal 8K) and was removed.
 A consumer's next block's X^T issued behind this block's first dk tile (the loop peeled, so the dk reductions run
 under it) measured slower on the H100 (2026-12-05, same run: sparse 4K/8K k 2048 H 64 1.99 vs 1.90 ms, dense causal
 8K H 64 7.41 vs 6.96 ms) and was taken out again (it lives in the history as the X_EARLY knob, commit c02e5ec).
@@ -86,15 +89,14 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...common.gather_sm90 import BlockGather, find_sequence, gemm_chunks, load_resident_tiles
 from ...common.head_sum_sm90 import ring_state
-from ...common.vector_red_sm90 import bulk_red_add_f32, partner_rows, red_tile_lines, st_tile_pairs
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 from ...common.softmax import acc_mn_view
 
 BK = 64
 DC = 64
 PIECE = 8
 PART = 4                 # chunk buffers per consumer warpgroup: two blocks of Di = 128
-PRE_BAR, DA_BAR, END_BAR, STG_BAR = 3, 4, 8, 9     # DA_BAR + w: 4 .. 3 + CONSUMERS; STG_BAR + w: 9 .. 8 + CONSUMERS
-STG_PAD = 4              # fp32 row padding of the dk staging tile (DK_BULK): a warp's 8 rows x 32 B in 2 wavefronts
+PRE_BAR, DA_BAR, END_BAR = 3, 4, 8     # DA_BAR + w: 4 .. 3 + CONSUMERS
 EXP_ARG_MIN = -126.0 * math.log(2.0)
 LOG_MIN = -100.0
 PROB_MIN = math.exp(-100.0)
@@ -109,7 +111,6 @@ class SparseIndexerBwdSm90(BlockGather):
     LAG = 3
     CONSUMERS = 2
     REGS = {2: (40, 232), 3: (24, 160)}
-    DK_BULK = False          # d_index_k by bulk reductions from a shared staging tile (not in the deterministic mode)
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_length: bool,
                  deterministic: bool = False):
@@ -125,11 +126,6 @@ class SparseIndexerBwdSm90(BlockGather):
         smem = (heads * head_dim * 2 + self.stages * BK * DC * 2 + self.W * BK * heads * 2
                 + (self.W - 1) * head_dim * heads * 4)
         assert smem <= 225 * 1024, f"launch shape {self.W} consumers: {smem} B of shared memory"
-        self.bulk = self.DK_BULK and not deterministic
-        self.stg_ld = head_dim + STG_PAD
-        if self.bulk:
-            smem += self.W * BK * self.stg_ld * 4
-            assert smem <= 225 * 1024, f"DK_BULK with {self.W} consumers: {smem} B of shared memory"
         self.pieces = BK * DC // PIECE // 128      # 4
 
     # ------------------------------------------------------------------------------------------ host (jit)
@@ -198,8 +194,6 @@ class SparseIndexerBwdSm90(BlockGather):
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[2])], 1024]
             sdA: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts[4])], 1024]
             sDQ: cute.struct.Align[cute.struct.MemRange[Float32, (self.W - 1) * D * H], 16]
-            if cutlass.const_expr(self.bulk):    # (a field only in that form: the other variants' code is unchanged)
-                sStg: cute.struct.Align[cute.struct.MemRange[Float32, self.W * BK * self.stg_ld], 128]
 
         self.shared_storage = SharedStorage
         return tma_q, tQ, k_v, dk_v, grid, mmas, layouts
@@ -325,9 +319,6 @@ class SparseIndexerBwdSm90(BlockGather):
         sW = st.sW.get_tensor(cute.make_layout(self.H))
         sDW = st.sDW.get_tensor(cute.make_layout((4 * self.W, self.H), stride=(self.H, 1)))
         sDQ = st.sDQ.get_tensor(cute.make_layout((self.W - 1) * self.D * self.H))
-        sStg = None
-        if cutlass.const_expr(self.bulk):
-            sStg = st.sStg.get_tensor(cute.make_layout((BK, self.D, self.W), stride=(self.stg_ld, 1, BK * self.stg_ld)))
         q_bar = st.mbar_q.data_ptr()
         gQ = cute.local_tile(tQ[None, None, batch], (self.H, self.D), (row, 0))
         tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ[None, None, 0], 0, 2),
@@ -365,7 +356,7 @@ class SparseIndexerBwdSm90(BlockGather):
             x_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             dk_mma.set(warpgroup.Field.ACCUMULATE, True)
             dq_mma.set(warpgroup.Field.ACCUMULATE, True)
-            sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ, sStg)
+            sv = (sQ[None, None, 0], sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ)
             self.consume(pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid, batch, row, row_len, n_blk,
                          k_off, seqlen_k, ebase)
 
@@ -418,9 +409,8 @@ class SparseIndexerBwdSm90(BlockGather):
     def row_block(self, ctx, frag, regs, n: Int32):
         """Consumer w's block n (module docstring): X^T, G, d_weights partials, dA to sdA[w], dq^T and the dk tiles
         with their reductions, the chunks released."""
-        (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase,
-         sStg) = ctx
-        tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s, tKsS = frag
+        pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k, ebase = ctx
+        tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s = frag
         acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa = regs
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
@@ -460,8 +450,6 @@ class SparseIndexerBwdSm90(BlockGather):
         rdA.store(acc_x.load().to(self.dt))
         cute.copy(r2s, thr_r2s.retile(rdA), thr_r2s.partition_D(sdA[None, None, w]))
         cute.arch.fence_proxy("async.shared", space="cta")
-        if cutlass.const_expr(self.bulk):   # the previous block's bulk reductions have read the staging tile
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
         for i in cutlass.range_constexpr(self.W):       # sdA[w] written by this warpgroup's 128 threads
             if w == i:
                 pipeline.NamedBarrier(barrier_id=DA_BAR + i, num_threads=128).arrive_and_wait()
@@ -482,39 +470,16 @@ class SparseIndexerBwdSm90(BlockGather):
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.stage):
                 st_tile_pairs(acc_mn_view(acc_k), krow_b[0, 0], krow_b[0, 1], lane, mdK, ch * DC)
-            elif cutlass.const_expr(self.bulk):
-                cute.autovec_copy(acc_k, tKsS[ch])
             else:
                 red_tile_lines(acc_mn_view(acc_k), krow_b, lane, mdK, batch, ch * DC, DC // 32)   # 4 rows x 128 B
-        if cutlass.const_expr(self.bulk):
-            self.bulk_rows(sStg, mdK, krow, kval, x_id, w, lane, batch)
         warpgroup.wait_group(0)
         for ch in cutlass.range_constexpr(NC):
             pipe.consumer_release(self.chunk_state(n, ch, False))
 
     @cute.jit
-    def bulk_rows(self, sStg: cute.Tensor, mdK: cute.Tensor, krow, kval, x_id, w: Int32, lane: Int32, batch: Int32):
-        """DK_BULK: the block's dk tile, written to sStg[w] by the warpgroup's 128 threads, is added to d_index_k one
-        key row (Di fp32) a bulk reduction: lanes 4 i + r issue the row of their slot r. Handoff: every writer's
-        fence.proxy.async, then named barrier STG_BAR + w over the 128 writers, then the issue; each issuing thread
-        commits its group and waits for its reads (wait_group.read) before DA_BAR + w of its next block, after which
-        the tile is rewritten."""
-        cute.arch.fence_proxy("async.shared", space="cta")
-        for i in cutlass.range_constexpr(self.W):
-            if w == i:
-                pipeline.NamedBarrier(barrier_id=STG_BAR + i, num_threads=128).arrive_and_wait()
-        q = lane % 4
-        if (q == 0 and kval[0]) or (q == 1 and kval[1]):
-            slot = Int32(cutlass.select_(q == 0, x_id[0, 0][0], x_id[1, 0][0]))
-            kr = Int32(cutlass.select_(q == 0, krow[0], krow[1]))
-            bulk_red_add_f32(mdK.iterator + cute.crd2idx((kr, 0, batch), mdK.layout),
-                             sStg.iterator + cute.crd2idx((slot, 0, w), sStg.layout), self.D * 4)
-        cute.arch.cp_async_bulk_commit_group()
-
-    @cute.jit
     def consume(self, pipe, q_bar, sv, mmas, mIdx, mS, mA, mdK, mdQ, mdW, rowc, ctid: Int32, batch: Int32,
                 row: Int32, row_len: Int32, n_blk: Int32, k_off: Int32, seqlen_k: Int32, ebase: Int32):
-        sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ, sStg = sv
+        sQ2, sQt, sK, sKt, sdA, sdAt, sW, sDW, sDQ = sv
         x_mma, x_mma_acc, dk_mma, dq_mma = mmas
         lse, l1c, c, gsum = rowc
         H, NC = self.H, self.NC
@@ -550,18 +515,13 @@ class SparseIndexerBwdSm90(BlockGather):
         acc_x = thr_x.make_fragment_C(thr_x.partition_shape_C((BK, H)))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dt), x_mma)
         thr_r2s = r2s.get_slice(t)
-        tKsS = None          # DK_BULK: chunk ch's dk tile in this warpgroup's staging tile, as acc_k lies
-        if cutlass.const_expr(self.bulk):
-            tKsS = [thr_k.partition_C(cute.local_tile(sStg[None, None, w], (BK, DC), (0, ch))) for ch in range(NC)]
-        frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s, tKsS)
+        frag = (tXrK, tXrQ, tKrA, tKrQ, tQrK, tQrA, x_id, thr_k, r2s, thr_r2s)
         regs = (acc_x, acc_dq, dwp, gr, krow, kval, krow_b, praw, ps, pa)
         ctx = (pipe, sdA, sW, mmas, mIdx, mS, mA, mdK, rowc, w, lane, batch, row, row_len, n_blk, k_off, seqlen_k,
-               ebase, sStg)
+               ebase)
         cute.arch.mbarrier_wait(q_bar, 0)
         for n in cutlass.range(w, n_blk, self.W, unroll=1):
             self.row_block(ctx, frag, regs, n)
-        if cutlass.const_expr(self.bulk):
-            cute.arch.cp_async_bulk_wait_group(0)       # this thread's bulk reductions done (staging tile free)
 
         # ---- d_weights: lanes xor 4, 8, 16 (the warp's 16 slots), then the 4 W consumer warps in order
         for ci in cutlass.range_constexpr(n_cols):
