@@ -1,9 +1,10 @@
 """Launch-shape sweep of the indexer backward kernels (ops/dsa/indexer/sparse_bwd_sm90.py and its dense subclass)
 on the H200.
 
-Each variant sets class knobs of SparseIndexerBwdSm90: CONSUMERS (consumer warpgroups behind the producer: query-row
-blocks in flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench rows'
-shapes: the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense
+Each variant sets class knobs of the row's kernel class (SparseIndexerBwdSm90 / DenseIndexerBwdSm90, whose defaults
+differ: 2 / 3 consumers since 2026-12-06): CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
+flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench rows' shapes (a
+variant equal to the row's defaults is not run twice): the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense
 causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
 d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in any
 order): the largest difference relative to the largest magnitude is printed, and a variant off by more than 1e-2 is
@@ -26,14 +27,15 @@ import torch  # noqa: E402
 from ops.dsa.indexer import dense_bwd as dense_seam, sparse_bwd as sparse_seam  # noqa: E402
 from ops.dsa.indexer.fwd import indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
-from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90 as Kernel  # noqa: E402
+from ops.dsa.indexer.dense_bwd_sm90 import DenseIndexerBwdSm90  # noqa: E402
+from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90  # noqa: E402
 from timing import cudnn_dsa, device_time, profile_launches  # noqa: E402
 
 KNOBS = ("CONSUMERS", "REGS")
-# knobs each variant sets (the rest at the default); the first is the default kernel. 2026-12-06 08:50 (H100) this
+# knobs each variant sets (the rest at the row's default); the first is the default kernel. 2026-12-06 08:50 (H100) this
 # list also held the epilogue's former forms (DA_STORE, DK_AHEAD, W_HOIST; ops/dsa/indexer/sparse_bwd_sm90.py's
 # docstring has their figures; removed since)
-VARIANTS = ({}, {"CONSUMERS": 3, "REGS": {3: (24, 160)}})
+VARIANTS = ({}, {"CONSUMERS": 2}, {"CONSUMERS": 3})
 DEV = "cuda"
 
 
@@ -53,7 +55,7 @@ def sparse_case():
     run = lambda: sparse_seam.sparse_indexer_bwd(q, k, w, idx, s, lse, a, a.sum(-1), c, *out, stream=st)  # noqa: E731
     sparse_case.peer_inputs = (q, w.bfloat16(), k, a / a.sum(-1, keepdim=True), torch.exp(s - lse[..., None]), idx,
                                torch.ones(1, device=DEV))    # cuDNN frontend's indexer_backward_wrapper arguments
-    return "sparse 4K/8K k2048 H64", run, out, 3 * 2.0 * Sq * K * H * D
+    return "sparse 4K/8K k2048 H64", run, out, 3 * 2.0 * Sq * K * H * D, SparseIndexerBwdSm90
 
 
 def dense_case():
@@ -70,7 +72,7 @@ def dense_case():
     out = (torch.empty_like(q), torch.empty(k.shape, device=DEV), torch.empty(w.shape, device=DEV))
     run = lambda: dense_seam.dense_indexer_bwd(q, k, w, s, lse, a, a.sum(-1), c, *out, causal=True,  # noqa: E731
                                                stream=st)
-    return "dense causal 8K H64", run, out, 3 * 2.0 * S * (S + 1) / 2 * H * D
+    return "dense causal 8K H64", run, out, 3 * 2.0 * S * (S + 1) / 2 * H * D, DenseIndexerBwdSm90
 
 
 def rel_diff(x, ref):
@@ -81,7 +83,7 @@ def rel_diff(x, ref):
 def profile_once():
     """One launch of ours (sparse row, default knobs) and one of cuDNN frontend's indexer_backward_wrapper on the same
     inputs, for ncu (timing.profile_launches; tests/gpu/profile_pair.sh)."""
-    _, run, _, _ = sparse_case()
+    _, run, _, _, _ = sparse_case()
     runs = [("ours", run)]
     dsa = cudnn_dsa()
     if dsa is not None:
@@ -93,13 +95,16 @@ def profile_once():
 def main(a):
     if a.ncu:
         return profile_once()
-    default = {k: getattr(Kernel, k) for k in KNOBS}
-    print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}; default {default}")
+    print(f"# indexer backward launch shapes, {torch.cuda.get_device_name()}")
     print(f"{'row':>24s} {'variant':>36s} {'ms':>8s} {'TFLOP/s':>8s} {'rel diff dq / dk / dw':>26s}", flush=True)
     for make in (sparse_case, dense_case):
-        name, run, out, flops = make()
+        name, run, out, flops, Kernel = make()
+        default = {k: getattr(Kernel, k) for k in KNOBS}
+        print(f"# {name}: {Kernel.__name__} defaults {default}", flush=True)
         ref = None
         for knobs in VARIANTS:
+            if knobs and all(default[k] == v for k, v in knobs.items()):
+                continue
             for k, v in default.items():
                 setattr(Kernel, k, knobs.get(k, v))
             shape = f"{' '.join(f'{k}={v}' for k, v in knobs.items()) or 'default':>36s}"

@@ -22,7 +22,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "SparseIndexerScoreSm90"),
          "attn": ("ops.dsa.attn_score.sparse", "ops.dsa.attn_score.sparse_sm90", "SparseAttnScoreSm90"),
          "idx_bwd": ("ops.dsa.indexer.sparse_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90"),
-         "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90")}
+         "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.dense_bwd_sm90", "DenseIndexerBwdSm90")}
 # test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
 GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
                 ("attn", (576, 128, False, True), (576, 128, True, False)),
