@@ -6,7 +6,8 @@ prebuild_kernels.py --all stores every variant of the default knobs; a test or b
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
 ~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
 at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets
-(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys.
+(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys, and the sparse indexer backward at the dense one's
+consumer count (test_dsa_indexer_dense_bwd.py compares the two bit for bit: every key with topk_length).
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse
@@ -58,6 +59,13 @@ def bwd_shape_variants():
     return eval(src[i + len("VARIANTS = "):j])          # noqa: S307 (the bench's own literal)
 
 
+def dense_twin_jobs():
+    from ops.dsa.indexer import sparse_bwd
+    from ops.dsa.indexer.dense_bwd_sm90 import DenseIndexerBwdSm90
+    knobs = {"CONSUMERS": DenseIndexerBwdSm90.CONSUMERS}
+    return [("idx_bwd", key, knobs) for key in sparse_bwd.all_variant_keys() if key[4]]
+
+
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -81,6 +89,7 @@ def main(a):
     jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
     jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
+    jobs += dense_twin_jobs()
     specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
         kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}

@@ -1,8 +1,8 @@
 """GPU tests of the dense indexer backward kernel (ops/dsa/indexer/dense_bwd.py). A dense row's entries are the keys
 j < lim(t) of the ratio-causal mask, which is the sparse formulation with slot j = key j and topk_length = lim(t):
 so the float64 reference is tests/gpu/dsa_ref.py's sparse_indexer_bwd on those slots, and the sparse kernel on the
-same slots must give bitwise the same d_index_q and d_weights (d_index_k: fp32 atomics, within the re-association
-bound). Gates as test_dsa_indexer_bwd.py: d_index_q / d_weights worst-row and d_index_k rel_rms within 2x the
+same slots, compiled with the dense kernel's consumer count (3 against the sparse default 2), must give bitwise the
+same d_index_q and d_weights (d_index_k: fp32 atomics, within the re-association bound). Gates as test_dsa_indexer_bwd.py: d_index_q / d_weights worst-row and d_index_k rel_rms within 2x the
 float32 implementation that rounds where the kernel must; outputs NaN-poisoned before every run.
 Cases: BSHD causal / not, ratio 1 and 4, q_offsets; THD with empty and 1-row segments, q_offsets, rows past
 cu_seqlens_q[-1]; index_lse +inf (zero gradients), -1e30 and -inf (finite); rows that see no key (ratio, negative
@@ -27,7 +27,10 @@ sys.path.insert(0, HERE)
 
 from dsa_ref import rel_rms, sparse_indexer_bwd, sparse_indexer_scores  # noqa: E402
 from ops.dsa.indexer.dense_bwd import dense_indexer_bwd  # noqa: E402
+from ops.dsa.indexer import sparse_bwd as sparse_seam  # noqa: E402
+from ops.dsa.indexer.dense_bwd_sm90 import DenseIndexerBwdSm90  # noqa: E402
 from ops.dsa.indexer.sparse_bwd import sparse_indexer_bwd as sparse_kernel  # noqa: E402
+from ops.dsa.indexer.sparse_bwd_sm90 import SparseIndexerBwdSm90  # noqa: E402
 from workspace import TorchWorkspace  # noqa: E402
 
 DEV = "cuda"
@@ -95,6 +98,21 @@ class Case:
         return dq, dk, dw
 
     def run_sparse(self, lse=None, det=None):
+        """The sparse kernel on the same entries, compiled with the dense kernel's launch shape (CONSUMERS: the
+        per-consumer partials of d_index_q and d_weights are summed in consumer order, so only the same count can
+        give the same bits)."""
+        saved = {n: getattr(SparseIndexerBwdSm90, n) for n in ("CONSUMERS", "REGS")}
+        try:
+            for n in saved:
+                setattr(SparseIndexerBwdSm90, n, getattr(DenseIndexerBwdSm90, n))
+            sparse_seam._CACHE.clear()
+            return self._run_sparse(lse, det)
+        finally:
+            for n, v in saved.items():
+                setattr(SparseIndexerBwdSm90, n, v)
+            sparse_seam._CACHE.clear()
+
+    def _run_sparse(self, lse=None, det=None):
         q, k, w = self.q, self.k, self.w
         dq = torch.full(q.shape, NAN, device=DEV, dtype=torch.bfloat16)
         dk = torch.full(k.shape, NAN, device=DEV)
