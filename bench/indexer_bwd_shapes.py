@@ -2,7 +2,7 @@
 on the H200.
 
 Each variant sets class knobs of the row's kernel class (SparseIndexerBwdSm90 / DenseIndexerBwdSm90, whose defaults
-differ: 2 / 3 consumers since 2026-12-06): CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
+may differ): CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
 flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench rows' shapes (a
 variant equal to the row's defaults is not run twice): the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense
 causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
