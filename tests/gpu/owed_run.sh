@@ -6,11 +6,10 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 08:20-09:26, four calls, all on H100s (nvidia-h200 asked for), perf/device_2026-12-06T0820.txt,
-# T0847, T0905, T0925: the whole suite and all sanitizers passed on ebfd62e (HEAD's kernels). The last H200 run of the
-# whole suite is 04:15 (perf/device_2026-12-06T0415.txt).
-# Owed: all of it on an H200 (the indexer recompute's lean copies, the attention-score recompute's LAG 1 and the
-# indexer backward's stmatrix epilogue have run only on H100s).
+# Last runs: 2026-12-06 10:00-10:37, six calls (nvidia-h200 asked for each; two got one): the whole suite and all
+# sanitizers passed on the H200 at 10:17-10:23 on the final kernels (perf/device_2026-12-06T1017_h200_*).
+# Owed: the dense indexer backward at three consumer warpgroups on an H200 (ops/dsa/indexer/dense_bwd_sm90.py) before
+# it becomes the default.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),

@@ -67,11 +67,13 @@ test_dsa_indexer_bwd 26 passed, test_dsa_indexer_dense_bwd 38 passed, sanitizers
 Status: H100 2026-12-06 08:50 and 09:05-09:15 (the stmatrix epilogue; the whole suite at 09:05):
 tests/gpu/test_dsa_indexer_bwd.py (28) and test_dsa_indexer_dense_bwd.py (39) pass, racecheck / memcheck clean; Sq 4K,
 Sk 8K, top-k 2048, Hi 64, Di 128: 1.58-1.61 ms against cuDNN frontend's 1.93 ms in the same run (1.20-1.23x; 1.87 vs
-1.95, 1.04x, before). Not yet run on an H200. Earlier, H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py passed (20),
-racecheck / memcheck clean; Sq 4K, Sk 8K, top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's 1.93 ms in the
-same run (2.59 before the slot loads moved a block ahead; bench/indexer_bwd_shapes.py sweeps the launch shape;
-docs/performance.md). 2026-12-04 19:30 UTC (d_index_k by whole 128-byte lines, line_rows): the same tests and
-sanitizers pass; 1.89 ms against cuDNN's 1.94.
+1.95, 1.04x, before). H200 2026-12-06 10:14-10:23 (perf/device_2026-12-06T1017_h200_*): the whole suite, both
+indexer backward files (every test also with the DK_BULK form, since removed) and their sanitizers pass; 1.57 ms
+against cuDNN frontend's 1.93 in the same run (1.23x). Earlier, H200 2026-12-04: tests/gpu/test_dsa_indexer_bwd.py
+passed (20), racecheck / memcheck clean; Sq 4K, Sk 8K, top-k 2048, Hi 64, Di 128: 2.28 ms against cuDNN frontend's
+1.93 ms in the same run (2.59 before the slot loads moved a block ahead; bench/indexer_bwd_shapes.py sweeps the
+launch shape; docs/performance.md). 2026-12-04 19:30 UTC (d_index_k by whole 128-byte lines, line_rows): the same
+tests and sanitizers pass; 1.89 ms against cuDNN's 1.94.
 Since (CPU only, 2026-12-04 21:58): the row exchange and the line reductions call vector_red_sm90.partner_rows /
 red_tile_lines instead of their inline copies; PTX equal to the H200-run code but for 8 reordered instructions.
 """
