@@ -2,13 +2,14 @@
 on the H200.
 
 Each variant sets class knobs of the row's kernel class (SparseIndexerBwdSm90 / DenseIndexerBwdSm90, whose defaults
-may differ): CONSUMERS (consumer warpgroups behind the producer: query-row blocks in
-flight per CTA) and REGS (setmaxnreg of producer / consumers), and is compiled and timed at the bench rows' shapes (a
-variant equal to the row's defaults is not run twice): the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32 weights, and the dense
-causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first variant's (d_index_q bf16 and
-d_weights: another consumer count sums the per-consumer partials in another order; d_index_k: fp32 atomics in any
-order): the largest difference relative to the largest magnitude is printed, and a variant off by more than 1e-2 is
-marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when it is unpacked.
+may differ): CONSUMERS (consumer warpgroups behind the producer: query-row blocks in flight per CTA) and REGS
+(setmaxnreg of producer / consumers), and is compiled and timed at the bench rows' shapes (a variant equal to the
+row's defaults is not run twice): the sparse backward at B 1, Sq 4K, Sk 8K, top-k 2048, 64 index heads, Di 128, fp32
+weights, and the dense causal backward at Sq = Sk = 8K. Each variant's gradients are compared with the first
+variant's (d_index_q bf16 and d_weights: another consumer count sums the per-consumer partials in another order;
+d_index_k: fp32 atomics in any order): the largest difference relative to the largest magnitude is printed, and a
+variant off by more than 1e-2 is marked. cuDNN frontend's indexer_backward_wrapper (sparse row) in the same run when
+it is unpacked.
 --ncu: one launch of the sparse row's default kernel and one of cuDNN frontend's between cudaProfilerStart / Stop
 (tests/gpu/profile_pair.sh sparse_idx_bwd IndexerBwd python3 bench/indexer_bwd_shapes.py --ncu).
 

@@ -6,7 +6,7 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 10:00-10:37, six calls (nvidia-h200 asked for each; two got one): the whole suite and all
+# Last runs: 2026-12-06 10:00-10:42, seven calls (nvidia-h200 asked for each; two got one): the whole suite and all
 # sanitizers passed on the H200 at 10:17-10:23 on the final kernels (perf/device_2026-12-06T1017_h200_*).
 # Owed: the dense indexer backward at three consumer warpgroups on an H200 (ops/dsa/indexer/dense_bwd_sm90.py) before
 # it becomes the default.

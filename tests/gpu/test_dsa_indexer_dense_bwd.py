@@ -1,9 +1,10 @@
 """GPU tests of the dense indexer backward kernel (ops/dsa/indexer/dense_bwd.py). A dense row's entries are the keys
 j < lim(t) of the ratio-causal mask, which is the sparse formulation with slot j = key j and topk_length = lim(t):
 so the float64 reference is tests/gpu/dsa_ref.py's sparse_indexer_bwd on those slots, and the sparse kernel on the
-same slots, compiled with the dense kernel's consumer count (3 against the sparse default 2), must give bitwise the
-same d_index_q and d_weights (d_index_k: fp32 atomics, within the re-association bound). Gates as test_dsa_indexer_bwd.py: d_index_q / d_weights worst-row and d_index_k rel_rms within 2x the
-float32 implementation that rounds where the kernel must; outputs NaN-poisoned before every run.
+same slots, compiled with the dense kernel's consumer count (the two classes' defaults may differ), must give
+bitwise the same d_index_q and d_weights (d_index_k: fp32 atomics, within the re-association bound). Gates as
+test_dsa_indexer_bwd.py: d_index_q / d_weights worst-row and d_index_k rel_rms within 2x the float32 implementation
+that rounds where the kernel must; outputs NaN-poisoned before every run.
 Cases: BSHD causal / not, ratio 1 and 4, q_offsets; THD with empty and 1-row segments, q_offsets, rows past
 cu_seqlens_q[-1]; index_lse +inf (zero gradients), -1e30 and -inf (finite); rows that see no key (ratio, negative
 offsets); bitwise reruns; a CUDA graph capture; the seed-003 race test (8 reruns on THD shapes, every d_index_k
