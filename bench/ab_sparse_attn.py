@@ -14,6 +14,8 @@ Run (the base file must travel with the working tree, so it is written next to t
                                  [--knockouts nogather nored]
                                  [--iters N]   on the device
   python bench/ab_sparse_attn.py --check            here (no GPU): the knockout variants compile for sm_90a
+  PADDLE_DSA_KERNEL_CACHE=DIR python bench/ab_sparse_attn.py --prebuild [--bwd] [--heads ...] --knobs SPEC ...
+                                                    here: the knob variants into the kernel store
   python bench/ab_sparse_attn.py --clean            here: remove the base files
 Shape: B 1, Sq 4096, Skv 8192 (--skv), top-k 2048 (uniform random indices), Dqk 576, Dv 512; the backward with a sink.
 """
@@ -69,15 +71,41 @@ def variants(kind, knockouts, knobs=()):
         base = __import__(f"ops.dsa.sparse_attn.{BASE[kind]}", fromlist=[cls_name])
         out.append(("base", getattr(base, cls_name)))
     out.append(("current", cur))
-    for spec in knobs:
-        attrs = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
-        out.append((spec, type(f"{cls_name}_knobs", (cur,), attrs)))
+    for spec in knobs:      # set on the class itself (run()), so a variant's store key is the one prebuilt here
+        out.append((spec, cur))
     mixins = {"nogather": NoGather, "nored": NoRed}
     for k in knockouts:
         if k == "nored" and kind == "fwd":
             continue
         out.append((f"current-{k}", type(f"{cls_name}_{k}", (mixins[k], cur), {})))
     return out
+
+
+def knob_attrs(spec):
+    """{"NAME": int} of a knob spec "NAME=INT[,NAME=INT]"."""
+    return {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+
+
+def prebuild(a):
+    """Compile (into the kernel store, PADDLE_DSA_KERNEL_CACHE) the working tree's kernel with each --knobs spec at the
+    run's keys (B 1, Sq 4096, top-k 2048, 576 / 512, --heads; the backward with a sink), as run() will on the device."""
+    import importlib
+    from ops.common.tensors import COMPILE_OPTIONS  # noqa: F401 (the seam compiles with them)
+    kind = "bwd" if a.bwd else "fwd"
+    module = importlib.import_module(f"ops.dsa.sparse_attn.{kind}")
+    cls = getattr(fwd_sm90, "SparseAttnFwdSm90") if kind == "fwd" else getattr(bwd_sm90, "SparseAttnBwdSm90")
+    for spec in a.knobs:
+        saved = {k: getattr(cls, k) for k in knob_attrs(spec)}
+        for k, v in knob_attrs(spec).items():
+            setattr(cls, k, v)
+        for H in a.heads:
+            key = (fwd.variant_key(576, 512, H, False, False, False) if kind == "fwd"
+                   else bwd.variant_key(576, 512, H, False, False, True, False))
+            module._CACHE.clear()
+            module.compile_variant(key)
+            print(f"{kind} {spec} H{H}: compiled", flush=True)
+        for k, v in saved.items():
+            setattr(cls, k, v)
 
 
 def prepare(rev):
@@ -132,6 +160,11 @@ def run(a):
         res = {}
         for name, cls in variants(kind, a.knockouts, a.knobs):
             setattr(holder, attr, cls)
+            saved = {}
+            if name in a.knobs:
+                for k, v in knob_attrs(name).items():
+                    saved[k] = getattr(cls, k)
+                    setattr(cls, k, v)
             module._CACHE.clear()
             if a.bwd:
                 dq, dkv = torch.full_like(q, float("nan")), torch.empty(kv.shape, device="cuda")
@@ -144,6 +177,8 @@ def run(a):
                 outs = (o, l_)
                 call = lambda: fwd.sparse_attn_fwd(q, kv, idx, o, l_, softmax_scale=scale, stream=st)  # noqa: E731
             t, _ = device_time(call, a.iters)
+            for k, v in saved.items():
+                setattr(cls, k, v)
             res[name] = [x.float().clone() for x in outs]
             print(f"{kind} Skv {Skv} H{H} {name:18s} {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s", flush=True)
         setattr(holder, attr, cur)
@@ -162,6 +197,7 @@ def main():
     p.add_argument("--prepare", metavar="REV")
     p.add_argument("--clean", action="store_true")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--prebuild", action="store_true", help="here: compile the --knobs variants into the kernel store")
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--heads", nargs="*", type=int, default=[128])
     p.add_argument("--skv", nargs="*", type=int, default=[8192])
@@ -175,6 +211,8 @@ def main():
         clean()
     elif a.check:
         check()
+    elif a.prebuild:
+        prebuild(a)
     else:
         run(a)
 
