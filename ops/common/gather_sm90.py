@@ -58,14 +58,6 @@ def swizzled_address(dst: cute.Tensor):
     return a ^ (((a >> 7) & 7) << 4)
 
 
-def prefetch_l2_bulk(g, nbytes: int):
-    """cp.async.bulk.prefetch.L2: bring nbytes (a multiple of 16) of global memory at byte address g (Int64, 16-byte
-    aligned) into L2, asynchronously; no shared memory, no completion to wait for, nothing written."""
-    assert nbytes % 16 == 0, nbytes
-    llvm.inline_asm(None, [Int64(g).ir_value()], f"cp.async.bulk.prefetch.L2.global [$0], {nbytes};", "l",
-                    has_side_effects=True)
-
-
 def pinned(x):
     """x (Int32 or Int64) through an opaque register move: formed once where it is defined. LLVM would otherwise
     rebuild a cheap expression of the thread index at each use (a gathering producer's addresses: ~15 integer
@@ -203,11 +195,16 @@ class BlockGather(GatherHints):
     gather_dst(sK, r, col, index) (the 8-element shared-memory slice of row r, column piece col, in the stage of
     pipeline index `index`) and idx_coord(batch, row, j). MOVE_DATA = False (a diagnosis knob, never set by a kernel:
     bench/ab_sparse_attn.py's nogather knockout) keeps the protocol (acquire, slot rows, commit, publish) and moves
-    no data, so the consumers read stale chunks: only the time means anything."""
+    no data, so the consumers read stale chunks: only the time means anything.
+    Tried and removed (L2_AHEAD, commit 44745cb): each period's rows prefetched into L2 a period ahead of their gather
+    (one cp.async.bulk.prefetch.L2 of a whole kv row per producer thread, its idx loaded a period before): outputs
+    bitwise equal, test_dsa_sparse_attn and its sanitizers clean, but slower in every row of a same-run A/B on an H100
+    (2026-12-06 11:27, perf/l2_ahead_2026-12-06T1150_h100_ab_*.txt): sparse attention forward H 128 Skv 8K / 32K /
+    64K 4.58 / 5.04 / 4.97 ms against 4.35 / 4.61 / 4.66 without, H 64 64K 3.31 against 2.74; backward H 64 8K 7.95
+    against 7.45."""
 
     MOVE_DATA = True
     GATHER_PERIOD = 1    # blocks a period of the fill order (gather_order)
-    L2_AHEAD = 0         # 1: each period's rows prefetched into L2 a period ahead of their gather (prefetch_ahead)
 
     def gather_order(self):
         """The fill order of one period of GATHER_PERIOD blocks: (block offset in the period, group) pairs, each
@@ -240,15 +237,8 @@ class BlockGather(GatherHints):
         rows = cute.make_rmem_tensor((self.pieces, PER), Int32)     # this period's gather rows (-1: zero-fill)
         for b in cutlass.range_constexpr(PER):
             self.load_slots(raw, mIdx, batch, row, Int32(b), row_len, tidx, b)
-        if cutlass.const_expr(self.L2_AHEAD):                       # the next period's slot index, a thread's
-            assert PER * self.GATHER_BK <= 128, "L2_AHEAD: one slot of a period a producer thread"
-            ahead = self.ahead_slot(mIdx, batch, row, Int32(1), row_len, tidx)
         for i in cutlass.range(n_blk // PER, unroll=1):
             n0 = i * PER
-            if cutlass.const_expr(self.L2_AHEAD):
-                if ahead >= 0 and ahead < seqlen_k:
-                    prefetch_l2_bulk(gKv[k_off + ahead, None].iterator.toint(), self.D * (self.dt.width // 8))
-                ahead = self.ahead_slot(mIdx, batch, row, i + 2, row_len, tidx)
             for b in cutlass.range_constexpr(PER):
                 for p in cutlass.range_constexpr(self.pieces):
                     rows[p, b] = Int32(cutlass.select_(raw[p, b] >= 0 and raw[p, b] < seqlen_k, k_off + raw[p, b],
@@ -289,17 +279,6 @@ class BlockGather(GatherHints):
         if tidx % per_row == 0:
             for p in cutlass.range_constexpr(self.pieces):
                 sRows[n % 2, (tidx + 128 * p) // per_row] = rows[p, b]
-
-    @cute.jit
-    def ahead_slot(self, mIdx: cute.Tensor, batch: Int32, row: Int32, period: Int32, row_len: Int32, tidx: Int32):
-        """L2_AHEAD: the idx of slot tidx of period `period` (one slot a thread: GATHER_PERIOD x GATHER_BK <= 128),
-        -1 past the row's slots and for threads past the period's slots. Loaded a period before prefetch_l2_bulk
-        uses it, so its latency hides behind a period of copies."""
-        v = Int32(-1)
-        j = period * (self.GATHER_PERIOD * self.GATHER_BK) + tidx
-        if tidx < self.GATHER_PERIOD * self.GATHER_BK and j < row_len:
-            v = mIdx[self.idx_coord(batch, row, j)]
-        return v
 
     @cute.jit
     def load_slots(self, raw, mIdx: cute.Tensor, batch: Int32, row: Int32, n: Int32, row_len: Int32, tidx: Int32,

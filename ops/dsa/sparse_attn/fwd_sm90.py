@@ -127,7 +127,6 @@ class SparseAttnFwdSm90(SlotRows, BlockGather):
     LAG = 1        # chunk groups of cp.async in flight per producer thread before the oldest is published (1..4)
     GATHER_PERIOD = 2
     GATHER_PREFETCH = 3   # the L2::256B hint, evict_last while the kv fits EVICT_LAST_KV_BYTES (module docstring)
-    L2_AHEAD = 1          # each pair's kv rows prefetched into L2 a pair ahead (gather_sm90.BlockGather; on trial)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool):
         assert head_dim in (512, 576) and v_head_dim == 512 and heads in (64, 128), (head_dim, v_head_dim, heads)
