@@ -264,6 +264,9 @@ def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
             topk_fwd(s, idx, stream=st)
         res["ours"] = time_or_note(ours, iters, notes, "ours")
         res["ours_topk"] = time_or_note(lambda: topk_fwd(s, idx, stream=st), iters, notes, "ours top-k")
+        # column order (indexer_topk(sorted=False)): cuDNN's top-k does not order its indices either
+        res["ours_topk_col"] = time_or_note(lambda: topk_fwd(s, idx, order="column", stream=st), iters, notes,
+                                            "ours top-k column order")
     else:
         notes.append("ours: no top-k kernel")
     if dsa is not None:
@@ -299,6 +302,10 @@ def print_row(name, res, flops, notes, out):
         print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
               f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
               f"{fmt(None if ot is None or et is None else et / ot)}", flush=True)
+        oc = res.get("ours_topk_col")
+        if oc is not None:
+            print(f"{'  top-k alone, column order':30s} {fmt(ms(oc))} {fmt(ms(ct))} {'':8s} "
+                  f"{fmt(gbs(oc), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ct is None else ct / oc)}", flush=True)
     if "ours det" in res:
         d = res["ours det"]
         print(f"{'  ours det (deterministic)':30s} {fmt(ms(d))} {'':8s} {'':8s} {fmt(tf(d), p=0)} {'':8s} "

@@ -123,6 +123,78 @@ def stream_select(row, k, width=None, mut=None, U=U):
     return out
 
 
+def key_of(x):
+    """topk_sm90.key_of: key_bits for finite scores, 0 for +-inf and NaN."""
+    x = np.asarray(x, np.float32)
+    return np.where(np.isfinite(x), key_bits(x), np.int32(0)).astype(np.int32)
+
+
+def radix_from(cu, prefix, remaining, passes=range(1, 4)):
+    """Radix passes (7-bit digits below the 11-bit first one) over unsigned keys cu matching prefix: (T, remaining,
+    eq)."""
+    eq = None
+    for ps in passes:
+        shift = SHIFT0 - 7 * ps
+        match = ((cu ^ prefix) >> (shift + 7)) == 0
+        h = np.bincount(((cu[match] >> shift) & 127).astype(np.int64), minlength=128)
+        dgt, remaining, eq = pick(h, remaining)
+        prefix |= np.int64(dgt) << shift
+    return prefix, remaining, eq
+
+
+def sampled_select(row, k, width=None, mut=None):
+    """TopkStreamSm90.sampled_select (SAMPLE): (fast, selected columns); fast False: the kernel runs the two passes
+    (stream_select) instead. mut names one deliberate defect."""
+    width = len(row) if width is None else width
+    t_all = width <= CAND
+    t_f = np.float32(-np.finfo(np.float32).max)
+    if not t_all:
+        w4 = width // V
+        cols = np.concatenate([np.arange(((tid * w4) // NT) * V, ((tid * w4) // NT) * V + V) for tid in range(NT)])
+        assert cols.max() < width
+        su = key_of(row[cols]).astype(np.int64) & 0xFFFFFFFF
+        su = su[su != 0]
+        m = (k * NT * V) // width
+        j = m + (m >> 1) + 10 if mut != "no_margin" else max(m, 1)
+        t_all = j > len(su)
+        if not t_all:
+            d_s, r_s, _ = pick(np.bincount((su >> SHIFT0).astype(np.int64), minlength=BINS0), j)
+            match = (su >> SHIFT0) == d_s
+            d1, _, _ = pick(np.bincount(((su[match] >> (SHIFT0 - 7)) & 127).astype(np.int64), minlength=128), r_s)
+            t_f = float_of_key((d_s << SHIFT0) | (d1 << (SHIFT0 - 7)))
+    cand_c = []
+    for t0, tcols, vals in tiles(row, width):
+        with np.errstate(invalid="ignore"):
+            take = (vals >= t_f) & ((vals < np.float32(np.inf)) | (mut == "inf_taken"))
+        m_ = (take * (1 << np.arange(U * V))).sum(1)
+        for tid in range(NT):
+            mm = int(m_[tid])
+            while mm:
+                e = (mm & -mm).bit_length() - 1
+                mm &= mm - 1
+                col = t0 + tid * V + (e >> 2) * (NT * V) + (e & 3)
+                assert col == tcols[tid, e]
+                cand_c.append(col)
+    n_above = len(cand_c)
+    fast = n_above <= CAND and (n_above >= k or t_all or mut == "no_count_check")
+    if not fast:
+        return False, None
+    cand_c = cand_c[:CAND]
+    cu = key_bits(row[np.array(cand_c, np.int64)]).astype(np.int64) & 0xFFFFFFFF if cand_c else np.zeros(0, np.int64)
+    if n_above <= k:
+        return True, set(cand_c)
+    d0, remaining, eq = pick(np.bincount((cu >> SHIFT0).astype(np.int64), minlength=BINS0), k)
+    t, remaining, eq = radix_from(cu, np.int64(d0) << SHIFT0, remaining)
+    out = {c for c, u in zip(cand_c, cu) if u > t}
+    ties = sorted(c for c in range(width) if (int(key_bits(row[c:c + 1])[0]) & 0xFFFFFFFF) == t)
+    assert len(ties) == eq, "every score equal to T is a candidate"
+    if remaining == eq:
+        out |= set(ties)
+    else:
+        out |= set(ties[:remaining])
+    return True, out
+
+
 def reference(row, k, width=None):
     width = len(row) if width is None else width
     fin = [(-float(row[c]), c) for c in range(width) if np.isfinite(row[c])]
@@ -188,6 +260,71 @@ def test_mutations_fail(mut):
         row = draw(np.random.default_rng([w, k, len(kind)]), kind, w)
         try:
             caught = stream_select(row, k, mut=mut) != reference(row, k)
+        except AssertionError:
+            caught = True
+        if caught:
+            break
+    assert caught, mut
+
+
+SAMPLED_CASES = CASES + [("randn", 32768, 64), ("scaled", 32768, 2048), ("causal", 32768, 2048),
+                         ("randn", 16384, 2048), ("narrow", 32768, 2048), ("sorted", 32768, 2048),
+                         ("randn", 8192, 2048), ("ties", 32768, 2048), ("trap", 32768, 2048)]
+
+
+def draw_sampled(rng, kind, w):
+    if kind == "narrow":            # every score in [100, 110): one pass-0 digit
+        return (100 + 10 * rng.random(w)).astype(np.float32)
+    if kind == "sorted":            # ascending by column: the sample's positions matter
+        return np.sort(rng.standard_normal(w)).astype(np.float32)
+    if kind == "trap":              # the first score of every other sampled vector is large: the sample misleads
+        x = rng.standard_normal(w).astype(np.float32)
+        w4 = w // V
+        x[np.array([((tid * w4) // NT) * V for tid in range(0, NT, 2)])] = (100 + rng.random(NT // 2)).astype(
+            np.float32)
+        return x
+    return draw(rng, kind, w)
+
+
+# rows the one-read path must take (not fall back to the two passes): the common shapes
+MUST_BE_FAST = {("randn", 32768, 2048), ("randn", 32768, 64), ("scaled", 32768, 2048), ("causal", 32768, 2048),
+                ("randn", 16384, 2048), ("narrow", 32768, 2048), ("sorted", 32768, 2048), ("randn", 8192, 2048),
+                ("randn", 9000, 300), ("randn", 4097, 2048)}
+
+
+@pytest.mark.parametrize("kind,w,k", SAMPLED_CASES)
+def test_sampled_selection_equals_reference(kind, w, k):
+    rng = np.random.default_rng([w, k, len(kind), 7])
+    row = draw_sampled(rng, kind, w)
+    fast, got = sampled_select(row, k)
+    if (kind, w, k) in MUST_BE_FAST:
+        assert fast, "a common row fell back to the two passes"
+    if kind == "trap":
+        assert not fast, "a misleading sample must send the row to the two passes"
+    if not fast:
+        got = stream_select(row, k)
+        if got is None:             # the two passes' row sweep (not emulated here)
+            assert kind == "zeros" and w > CAND
+            return
+    assert got == reference(row, k)
+
+
+def test_sampled_lengths_cut_the_row():
+    rng = np.random.default_rng(5)
+    row = rng.standard_normal(9000).astype(np.float32)
+    for width in (0, 1, 4096, 4097, 5000, 8999):
+        fast, got = sampled_select(row, 100, width=width)
+        assert fast and got == reference(row, 100, width=width)
+
+
+@pytest.mark.parametrize("mut", ["no_count_check", "inf_taken"])
+def test_sampled_mutations_fail(mut):
+    caught = False
+    for kind, w, k in SAMPLED_CASES:
+        row = draw_sampled(np.random.default_rng([w, k, len(kind), 7]), kind, w)
+        try:
+            fast, got = sampled_select(row, k, mut=mut)
+            caught = fast and got != reference(row, k)
         except AssertionError:
             caught = True
         if caught:

@@ -73,3 +73,13 @@ def test_compile_stream_stops(monkeypatch, stop):
     monkeypatch.setattr(fwd, "_CACHE", {})
     assert fwd.compile_variant(fwd.variant_key(2048, False, False, True)) is not None
     assert fwd.compile_variant(fwd.variant_key(2048, True, True, True, True)) is not None
+
+
+@pytest.mark.parametrize("by_column", [False, True])
+def test_compile_two_pass_select(monkeypatch, by_column):
+    """The streaming kernel with its one-read select off (TopkStreamSm90.SAMPLE = 0: the two passes only, which
+    tests/gpu/test_dsa_topk.py compares against the default bit for bit)."""
+    from ops.dsa.topk import stream_sm90
+    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "SAMPLE", 0)
+    monkeypatch.setattr(fwd, "_CACHE", {})
+    assert fwd.compile_variant(fwd.variant_key(2048, False, False, True, by_column)) is not None

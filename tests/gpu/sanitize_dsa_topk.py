@@ -3,7 +3,8 @@ kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at t
 row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
 k hold short runs of equal keys (the "key" ordering's atomic slots and in-place run sort; the rounded rows' long
 runs take its fallback to the pair network), and the column order (order="column": the bitmap, and the key sort on
-~column for a row wider than the bitmap). Exits
+~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
+passes (more than 4096 candidates; a misleading sample). Exits
 non-zero if any output element is left unwritten (-7)."""
 import os
 import sys
@@ -32,7 +33,10 @@ def main():
     crowded = 1.0 + torch.rand(2, 12000, device=dev)
     runs = (torch.randn(2, 8192, device=dev) * 3000).round()   # the "key" sort: runs of 2..8 equal keys (atomics)
     runs[1, :8] = 30000.0
-    for x in (s.reshape(6, 900), s2, crowded, runs):
+    fallback = torch.randn(2, 8192, device=dev)                 # the one-read select's fallbacks (TopkStreamSm90.SAMPLE)
+    fallback[0] = 1.5                                           # more than 4096 candidates
+    fallback[1, [((t * 2048) // 512) * 4 for t in range(0, 512, 2)]] = 100.0    # a misleading sample
+    for x in (s.reshape(6, 900), s2, crowded, runs, fallback):
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):

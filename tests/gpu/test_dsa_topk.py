@@ -253,3 +253,36 @@ def test_stream_and_cached_kernels_agree(kernel):
         torch.cuda.synchronize()
         assert torch.equal(aligned, offset)
         assert torch.equal(aligned, reference(s, k))
+
+
+def test_sampled_and_two_pass_agree(kernel, monkeypatch):
+    """The one-read select (stream_sm90.TopkStreamSm90.SAMPLE = 1, the default) against the two passes (SAMPLE = 0)
+    on the same rows, both equal to the reference: random rows (the one-read path), rows whose sampled columns hold
+    large scores (the sample misleads: too few scores above its threshold, so the row falls back to the two passes),
+    rows of more than 4096 equal scores (the candidate buffer overflows: fallback, then the passes sweep the row),
+    causal rows (few finite scores: every finite score a candidate), in score and column order."""
+    from ops.dsa.topk import fwd, stream_sm90
+    if kernel == "cached":
+        pytest.skip("the stream runs cover the streaming kernel's two selects")
+    torch.manual_seed(9)
+    W, NT, V = 32768, 512, 4
+    s = torch.randn(16, W, device=DEV)
+    sampled = torch.tensor([((t * (W // V)) // NT) * V for t in range(0, NT, 2)], device=DEV)
+    s[4:8, sampled] = 100.0 + torch.rand(4, sampled.numel(), device=DEV)
+    s[8:10] = 1.5
+    s[10:12, 3000:] = float("-inf")
+    s[12:14, 1:] = float("-inf")
+    s[14:16] = (s[14:16] * 3).round()
+    for k in (64, 2048):
+        one_read = check(s, k)
+        col_one = run(s, k, order="column")
+        monkeypatch.setattr(stream_sm90.TopkStreamSm90, "SAMPLE", 0)
+        monkeypatch.setattr(fwd, "_CACHE", {})
+        two_pass = check(s, k)
+        col_two = run(s, k, order="column")
+        monkeypatch.setattr(stream_sm90.TopkStreamSm90, "SAMPLE", 1)
+        monkeypatch.setattr(fwd, "_CACHE", _CACHES["stream"])
+        torch.cuda.synchronize()
+        assert torch.equal(one_read, two_pass)
+        assert torch.equal(col_one, col_two)
+        assert torch.equal(col_one, by_column(reference(s, k)))

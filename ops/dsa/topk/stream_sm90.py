@@ -78,6 +78,7 @@ from ...common.cta_scan import warp_inclusive_scan
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load (append_tile's column arithmetic assumes 4)
+FLT_MAX = 3.4028234663852886e38
 assert BINS0 == 4 * NT       # pass A: threads 0 and NT - 1 own exactly the non-finite bins 0-3 and 0x7FC-0x7FF
 U = 2                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
@@ -90,6 +91,7 @@ class TopkStreamSm90(TopkSm90):
     # threshold T is known (pass B and passes 1-3 included), after the selection is gathered (before the ordering)
     STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
+    SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: two passes
 
     @cute.jit
     def __call__(self, mS: cute.Tensor, mOut: cute.Tensor, mLen: cute.Tensor, k: Int32, stream):
@@ -131,13 +133,62 @@ class TopkStreamSm90(TopkSm90):
         ku = cute.make_rmem_tensor((self.U * V,), Int32)       # a tile's keys of this thread
 
         gS, gOut, width = self.row_of(mS, mOut, mLen, row)
-
-        # ---- A. keys, selectable count, pass-0 histogram
         if tid < 8:
             misc[tid] = Int32(0)
         for i in cutlass.range_constexpr(BINS0 // NT):
             hist[tid + NT * i] = Int32(0)
         cute.arch.sync_threads()                    # hist and misc zeroed
+        if cutlass.const_expr(self.SAMPLE):
+            # one read of the row above a threshold estimated from a sample; the two passes where it does not hold
+            take_all, t_u, need, eq, fast = self.sampled_select(gS, width, k, ku, hist, part, misc, cand_u, cand_c,
+                                                                tid, lane, warp)
+            use_cand = fast
+            if not fast:
+                cute.arch.sync_threads()            # every thread read misc[6] before it is zeroed
+                if tid < 8:
+                    misc[tid] = Int32(0)
+                for i in cutlass.range_constexpr(BINS0 // NT):
+                    hist[tid + NT * i] = Int32(0)
+                cute.arch.sync_threads()
+                take_all, t_u, need, eq, use_cand = self.two_pass_select(gS, width, k, ku, hist, part, misc, sel_u,
+                                                                         sel_c, cand_u, cand_c, tid, lane, warp)
+        else:
+            take_all, t_u, need, eq, use_cand = self.two_pass_select(gS, width, k, ku, hist, part, misc, sel_u,
+                                                                     sel_c, cand_u, cand_c, tid, lane, warp)
+        if cutlass.const_expr(self.STOP == "A"):
+            self.stop_here(gOut, misc, tid)
+            return
+        t_s = t_u ^ Int32(SIGN)
+        if cutlass.const_expr(self.STOP == "threshold"):
+            self.stop_here(gOut, misc, tid)
+            return
+
+        # ---- gather the selection (keys > T; ties: all, or the `need` lowest columns)
+        ranked = (not take_all) and need < eq
+        cute.arch.sync_threads()
+        if use_cand:
+            self.gather_candidates(cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane)
+        else:
+            for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
+                self.load_keys(gS, t0, width, tid, ku)
+                self.append_tile(ku, t0, tid, lane, t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c, misc,
+                                 by_range=False)
+        if ranked:
+            self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
+        if cutlass.const_expr(self.STOP == "selection"):
+            cute.arch.sync_threads()
+            self.stop_here(gOut, misc, tid)
+            return
+        # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
+        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
+
+    # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def two_pass_select(self, gS, width, k, ku, hist, part, misc, sel_u, sel_c, cand_u, cand_c, tid, lane, warp):
+        """Passes A and B and the radix select (the module docstring): (take_all, T as u, need, eq, use_cand). Enters
+        with hist and misc zeroed (after a barrier); leaves the keys above d0 in the selection (misc[4]) and the
+        candidates of d0 (misc[6]) when use_cand."""
+        # ---- A. keys, selectable count, pass-0 histogram
         n_ok = Int32(0)
         for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku, raw=True)
@@ -156,9 +207,6 @@ class TopkStreamSm90(TopkSm90):
         if lane == 0:
             cute.arch.atomic_add(misc.iterator + 0, n_ok)
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.STOP == "A"):
-            self.stop_here(gOut, misc, tid)
-            return
         n_valid = misc[0]
 
         # ---- radix select: T (as u) and the number of keys equal to T that are taken
@@ -198,31 +246,116 @@ class TopkStreamSm90(TopkSm90):
                                                 remaining, eq, tid, lane, warp)
             t_u = prefix
             need = remaining
-        t_s = t_u ^ Int32(SIGN)
-        if cutlass.const_expr(self.STOP == "threshold"):
-            self.stop_here(gOut, misc, tid)
-            return
+        return take_all, t_u, need, eq, use_cand
 
-        # ---- gather the selection (keys > T; ties: all, or the `need` lowest columns)
-        ranked = (not take_all) and need < eq
+    @cute.jit
+    def sampled_select(self, gS, width, k, ku, hist, part, misc, cand_u, cand_c, tid, lane, warp):
+        """The one-read select (SAMPLE; the module docstring): (take_all, T as u, need, eq, fast). Enters with hist
+        and misc zeroed (after a barrier). fast: every score in [t_f, +inf) is a candidate in cand_u / cand_c
+        (misc[6] of them, at most CAND) and they hold the row's k largest (at least k of them, or t_f is -FLT_MAX:
+        every finite score), so the radix select runs on them alone; otherwise nothing is decided and the caller
+        runs the two passes (misc[6] may exceed CAND: only the first CAND columns were written)."""
+        # S. the threshold t_f: a sample of NT x V scores (one 16-byte vector a thread at evenly spaced columns) and
+        # the digits (11 bits, then 7) of its j-th largest key, j = m + m / 2 + 10 for the m = k NT V / width
+        # sample scores expected above the row's k-th largest (j >= m + 4 sqrt(m) + 2: 4 standard deviations)
+        t_all = width <= CAND                       # a row that fits: every finite score is a candidate
+        t_f = Float32(-FLT_MAX)
+        if not t_all:
+            su = cute.make_rmem_tensor((V,), Float32)
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+            base = (tid * (width // V)) // NT      # a vector index below width // V (width > CAND > NT V)
+            cute.copy(atom, cute.local_tile(gS, (V,), (base,)), su)
+            n_s = Int32(0)
+            for e in cutlass.range_constexpr(V):
+                u = self.key_of(su[e])
+                n_s += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
+                self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+            n_s = self.warp_sum(n_s)
+            if lane == 0:
+                cute.arch.atomic_add(misc.iterator + 0, n_s)
+            cute.arch.sync_threads()                # the sample's histogram and count complete
+            m = (k * (NT * V)) // width
+            j = m + (m >> 1) + 10
+            t_all = j > misc[0]
+            if not t_all:
+                self.pick_digit(hist, part, misc, j, BINS0, tid, lane, warp)
+                cute.arch.sync_threads()
+                d_s = misc[1]
+                r_s = misc[2]
+                if tid < 128:                       # pick_digit's reads of hist are behind the barrier above
+                    hist[tid] = Int32(0)
+                cute.arch.sync_threads()
+                for e in cutlass.range_constexpr(V):
+                    u = self.key_of(su[e])
+                    match = u != 0 and ((u ^ (d_s << SHIFT0)) >> SHIFT0) == 0
+                    self.hist_add(hist, (u >> (SHIFT0 - 7)) & 127, match, lane)
+                cute.arch.sync_threads()
+                self.pick_digit(hist, part, misc, r_s, 128, tid, lane, warp)
+                cute.arch.sync_threads()
+                t_f = self.float_of_key((d_s << SHIFT0) | (misc[1] << (SHIFT0 - 7)))
+                cute.arch.sync_threads()            # misc[1] read by every thread before misc is written again
+
+        # one read: every score in [t_f, +inf) a candidate (its column; its key formed afterwards)
+        if tid == 0:
+            misc[6] = Int32(0)
         cute.arch.sync_threads()
-        if use_cand:
-            self.gather_candidates(cand_u, cand_c, sel_u, sel_c, misc, t_s, t_u, ranked, tid, lane)
-        else:
-            for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
-                self.load_keys(gS, t0, width, tid, ku)
-                self.append_tile(ku, t0, tid, lane, t_s, t_u, not ranked, sel_u, sel_c, cand_u, cand_c, misc,
-                                 by_range=False)
-        if ranked:
-            self.take_ties(cand_u, gS, width, False, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
-        if cutlass.const_expr(self.STOP == "selection"):
-            cute.arch.sync_threads()
-            self.stop_here(gOut, misc, tid)
-            return
-        # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
+        for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
+            self.load_keys(gS, t0, width, tid, ku, raw=True)
+            self.append_above(ku, t0, tid, lane, t_f, cand_c, misc)
+        cute.arch.sync_threads()                    # every append and the fill complete
+        n_above = misc[6]
+        fast = n_above <= CAND and (n_above >= k or t_all)
+        take_all = n_above <= k
+        t_u = Int32(1)           # below every selectable key: take all
+        need = Int32(0)
+        eq = Int32(0)
+        if fast:
+            self.keys_by_column(gS, cand_c, cand_u, n_above, tid)    # finite: key_bits is key_of
+            if not take_all:
+                for i in cutlass.range_constexpr(BINS0 // NT):
+                    hist[tid + NT * i] = Int32(0)
+                cute.arch.sync_threads()            # keys in place, hist zeroed
+                for c0 in cutlass.range(0, n_above, NT, unroll=1):
+                    i = c0 + tid
+                    u = Int32(0)
+                    if i < n_above:
+                        u = cand_u[i]
+                    self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+                cute.arch.sync_threads()
+                self.pick_digit(hist, part, misc, k, BINS0, tid, lane, warp)
+                cute.arch.sync_threads()
+                prefix, remaining, eq = self.refine(hist, part, misc, cand_u, True, (gS, ku), width,
+                                                    misc[1] << SHIFT0, misc[2], misc[3], tid, lane, warp)
+                t_u = prefix
+                need = remaining
+        return take_all, t_u, need, eq, fast
 
-    # ------------------------------------------------------------------------------------------ pieces
+    @cute.jit
+    def append_above(self, ku, t0, tid, lane, t_f, cand_c, misc):
+        """The columns of this tile's scores in [t_f, +inf) (ku: raw bits; NaN fails the compares) appended to cand_c
+        at misc[6] (one warp scan, one atomic a warp; columns past CAND counted, not written). Called by all 32
+        lanes (warp-uniform)."""
+        m = Int32(0)
+        for e in cutlass.range_constexpr(self.U * V):
+            x = ku[e].bitcast(Float32)
+            if x >= t_f and x < Float32(float("inf")):
+                m = m | Int32(1 << e)
+        cnt = cute.arch.popc(m)
+        incl = warp_inclusive_scan(cnt, lane)
+        total = cute.arch.shuffle_sync(incl, 31)
+        base = Int32(0)
+        if lane == 0:
+            base = cute.arch.atomic_add(misc.iterator + 6, total)
+        pc = cute.arch.shuffle_sync(base, 0) + incl - cnt
+        cbase = t0 + tid * V
+        mm = m
+        while mm != 0:
+            e = cute.arch.clz(cute.arch.brev(mm))              # lowest set bit
+            mm = mm & (mm - 1)
+            if pc < CAND:
+                cand_c[pc] = cbase + (e >> 2) * (NT * V) + (e & 3)
+            pc += 1
+
     @cute.jit
     def stop_here(self, gOut, misc, tid):
         """STOP (a timing diagnostic, bench/topk_breakdown.py --stages): the kernel ends here, its output is NOT the
