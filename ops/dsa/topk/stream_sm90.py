@@ -40,9 +40,28 @@ finite d0, -0.0, denormals, +-inf and NaN included. Passes 1-3 (7-bit digits) an
 candidates only. When d0 holds more than CAND keys, passes 1-3 and the gather sweep the row from global memory in
 tiles instead. Ties at the threshold that cannot all be taken are ranked by column over the whole row
 (TopkSm90.take_ties, global reads).
+One read (SAMPLE = 1, the default; sampled_select). Passes A and B read the row twice and add every score to the
+histogram; most rows need neither. S: a sample of NT x V scores (one 16-byte vector a thread, at evenly spaced
+columns) gives a threshold t_f: the lower edge of the 18-bit key prefix (the pass-0 digit, then a 7-bit one) of its
+j-th largest finite key, j = m + m / 2 + 10 for the m = k NT V / W sample scores expected above the row's k-th largest
+(j >= m + 4 sqrt(m) + 2); a row of W <= CAND, or a sample with fewer than j finite scores, takes t_f = -FLT_MAX (every
+finite score). Then one read of the row: the columns of scores in [t_f, +inf) are appended to the candidates
+(append_above: one warp scan and one atomic a warp per tile, columns past CAND counted, not written). If at most
+CAND passed and at least k (or t_f is -FLT_MAX), the row's k largest are all candidates: their keys are read back by
+column (keys_by_column), at most k of them are all taken, else the pass-0 histogram of the candidates alone and
+passes 1-3 over them (refine) give T, and the gather and ties are the two passes' (ties ranked over the row). Every
+key equal to T is >= t_f, so the tie count is exact; keys below t_f are all below T and change no digit's rank from
+the top. Otherwise (a misleading sample, or more than CAND scores at or above t_f) misc and the histogram are zeroed
+and the row runs passes A and B (two_pass_select), as with SAMPLE = 0. tests/test_topk_stream_select.py emulates it
+(sampled_select) on adversarial rows, including a row built to mislead the sample; tests/gpu/test_dsa_topk.py
+compares SAMPLE 1 and 0 bit for bit on rows that take each path.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
-columns are read, one after the keys are formed in place); the row itself never goes through shared memory.
+columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
+one-read select: the sample's histogram and count are read after a barrier of all their adders; a histogram is zeroed
+only after the barrier that follows pick_digit's walk of it; misc[1] (the sample's digits) is read by every thread
+before a barrier that precedes its next write; the candidate fill misc[6] is read by every thread after the barrier
+that ends the read, and the fallback zeroes misc and the histogram only after one more barrier.
 
 Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
 (tests/test_topk_stream_select.py, tests/test_topk_float_range.py); SASS per tile of 8 scores a thread (column
@@ -87,8 +106,9 @@ class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
     U = U                        # 16-byte vectors a thread per tile: a tile is NT x V x U columns (4096 at U = 2)
-    # a timing diagnostic: None (the kernel), or "A" / "threshold" / "selection": end after pass A, after the
-    # threshold T is known (pass B and passes 1-3 included), after the selection is gathered (before the ordering)
+    # a timing diagnostic: None (the kernel), or "A" / "threshold" / "selection": end after the select (since the
+    # one-read select, "A" is "threshold"), after the threshold T is known, after the selection is gathered (before
+    # the ordering)
     STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
     SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: two passes
