@@ -44,11 +44,11 @@ One read (SAMPLE = 1, the default; sampled_select). Passes A and B read the row 
 histogram; most rows need neither. S: a sample of NT x V scores (one 16-byte vector a thread, at evenly spaced
 columns) gives a threshold t_f: the lower edge of the 18-bit key prefix (the pass-0 digit, then a 7-bit one) of its
 j-th largest finite key, j = m + m / 2 + 10 for the m = k NT V / W sample scores expected above the row's k-th largest
-(j >= m + 4 sqrt(m) + 2); a row of W <= CAND, or a sample with fewer than j finite scores, takes t_f = -FLT_MAX (every
-finite score). Then one read of the row: the columns of scores in [t_f, +inf) are appended to the candidates
-(append_above: one warp scan and one atomic a warp per tile, columns past CAND counted, not written). If at most
-CAND passed and at least k (or t_f is -FLT_MAX), the row's k largest are all candidates: their keys are read back by
-column (keys_by_column), at most k of them are all taken, else the pass-0 histogram of the candidates alone and
+(j >= m + 4 sqrt(m) + 2); a sample with fewer than j finite scores takes t_f = -FLT_MAX (every finite score). Rows
+of W <= CAND take the two passes (faster there: H100 A/B below). Then one read of the row: the scores in [t_f, +inf)
+are appended to the candidates as (key, column) (append_above: one warp scan and one atomic a warp per tile, entries
+past CAND counted, not written). If at most CAND passed and at least k (or t_f is -FLT_MAX), the row's k largest are
+all candidates: at most k of them are all taken, else the pass-0 histogram of the candidates alone and
 passes 1-3 over them (refine) give T, and the gather and ties are the two passes' (ties ranked over the row). Every
 key equal to T is >= t_f, so the tie count is exact; keys below t_f are all below T and change no digit's rank from
 the top. Otherwise (a misleading sample, or more than CAND scores at or above t_f) misc and the histogram are zeroed
@@ -278,9 +278,10 @@ class TopkStreamSm90(TopkSm90):
         # S. the threshold t_f: a sample of NT x V scores (one 16-byte vector a thread at evenly spaced columns) and
         # the digits (11 bits, then 7) of its j-th largest key, j = m + m / 2 + 10 for the m = k NT V / width
         # sample scores expected above the row's k-th largest (j >= m + 4 sqrt(m) + 2: 4 standard deviations)
-        t_all = width <= CAND                       # a row that fits: every finite score is a candidate
+        eligible = width > CAND                     # a row that fits in the candidates takes the two passes
+        t_all = False
         t_f = Float32(-FLT_MAX)
-        if not t_all:
+        if eligible:
             su = cute.make_rmem_tensor((V,), Float32)
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
             base = (tid * (width // V)) // NT      # a vector index below width // V (width > CAND > NT V)
@@ -319,18 +320,17 @@ class TopkStreamSm90(TopkSm90):
         if tid == 0:
             misc[6] = Int32(0)
         cute.arch.sync_threads()
-        for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
+        for t0 in cutlass.range(0, Int32(cutlass.select_(eligible, width, Int32(0))), NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku, raw=True)
-            self.append_above(ku, t0, tid, lane, t_f, cand_c, misc)
+            self.append_above(ku, t0, tid, lane, t_f, cand_u, cand_c, misc)
         cute.arch.sync_threads()                    # every append and the fill complete
         n_above = misc[6]
-        fast = n_above <= CAND and (n_above >= k or t_all)
+        fast = eligible and n_above <= CAND and (n_above >= k or t_all)
         take_all = n_above <= k
         t_u = Int32(1)           # below every selectable key: take all
         need = Int32(0)
         eq = Int32(0)
         if fast:
-            self.keys_by_column(gS, cand_c, cand_u, n_above, tid)    # finite: key_bits is key_of
             if not take_all:
                 for i in cutlass.range_constexpr(BINS0 // NT):
                     hist[tid + NT * i] = Int32(0)
@@ -351,10 +351,12 @@ class TopkStreamSm90(TopkSm90):
         return take_all, t_u, need, eq, fast
 
     @cute.jit
-    def append_above(self, ku, t0, tid, lane, t_f, cand_c, misc):
-        """The columns of this tile's scores in [t_f, +inf) (ku: raw bits; NaN fails the compares) appended to cand_c
-        at misc[6] (one warp scan, one atomic a warp; columns past CAND counted, not written). Called by all 32
-        lanes (warp-uniform)."""
+    def append_above(self, ku, t0, tid, lane, t_f, cand_u, cand_c, misc):
+        """This tile's scores in [t_f, +inf) (ku: raw bits; NaN fails the compares) appended as (key, column) to
+        cand_u / cand_c at misc[6] (one warp scan, one atomic a warp; entries past CAND counted, not written). The
+        key is formed from the registers (a select chain over the thread's U x V entries), not read back by column:
+        a row's ~1.5 k candidates re-read from L2 cost more than the row's own read. Called by all 32 lanes
+        (warp-uniform)."""
         m = Int32(0)
         for e in cutlass.range_constexpr(self.U * V):
             x = ku[e].bitcast(Float32)
@@ -373,6 +375,10 @@ class TopkStreamSm90(TopkSm90):
             e = cute.arch.clz(cute.arch.brev(mm))              # lowest set bit
             mm = mm & (mm - 1)
             if pc < CAND:
+                v = ku[0]
+                for j in cutlass.range_constexpr(1, self.U * V):
+                    v = Int32(cutlass.select_(e == j, ku[j], v))
+                cand_u[pc] = self.key_bits(v.bitcast(Float32))       # finite: key_bits is key_of
                 cand_c[pc] = cbase + (e >> 2) * (NT * V) + (e & 3)
             pc += 1
 
