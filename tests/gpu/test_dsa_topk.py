@@ -256,8 +256,9 @@ def test_stream_and_cached_kernels_agree(kernel):
 
 
 def test_sampled_and_two_pass_agree(kernel, monkeypatch):
-    """The one-read select (stream_sm90.TopkStreamSm90.SAMPLE = 1, the default) against the two passes (SAMPLE = 0)
-    on the same rows, both equal to the reference: random rows (the one-read path), rows whose sampled columns hold
+    """The one-read select (stream_sm90.TopkStreamSm90.SAMPLE = 1, here for every k: SAMPLE_SCORE_MAX_P = 2048)
+    against the two passes (SAMPLE = 0) on the same rows, both equal to the reference: random rows (the one-read
+    path), rows whose sampled columns hold
     large scores (the sample misleads: too few scores above its threshold, so the row falls back to the two passes),
     rows of more than 4096 equal scores (the candidate buffer overflows: fallback, then the passes sweep the row),
     causal rows (few finite scores: every finite score a candidate), in score and column order."""
@@ -273,14 +274,19 @@ def test_sampled_and_two_pass_agree(kernel, monkeypatch):
     s[10:12, 3000:] = float("-inf")
     s[12:14, 1:] = float("-inf")
     s[14:16] = (s[14:16] * 3).round()
+    cls = stream_sm90.TopkStreamSm90
+    default_max_p = cls.SAMPLE_SCORE_MAX_P
     for k in (64, 2048):
+        monkeypatch.setattr(cls, "SAMPLE_SCORE_MAX_P", 2048)
+        monkeypatch.setattr(fwd, "_CACHE", {})
         one_read = check(s, k)
         col_one = run(s, k, order="column")
-        monkeypatch.setattr(stream_sm90.TopkStreamSm90, "SAMPLE", 0)
+        monkeypatch.setattr(cls, "SAMPLE", 0)
         monkeypatch.setattr(fwd, "_CACHE", {})
         two_pass = check(s, k)
         col_two = run(s, k, order="column")
-        monkeypatch.setattr(stream_sm90.TopkStreamSm90, "SAMPLE", 1)
+        monkeypatch.setattr(cls, "SAMPLE", 1)
+        monkeypatch.setattr(cls, "SAMPLE_SCORE_MAX_P", default_max_p)
         monkeypatch.setattr(fwd, "_CACHE", _CACHES["stream"])
         torch.cuda.synchronize()
         assert torch.equal(one_read, two_pass)
