@@ -89,7 +89,8 @@ def main(a):
 
 
 def stages(cases, R, st):
-    """Where a row's time goes in the streaming kernel: the same launch ended after pass A, after the threshold
+    """Where a row's time goes in the streaming kernel: the same launch ended after pass A (since the one-read select,
+    stream_sm90 SAMPLE, "A" ends where "threshold" does), after the threshold
     (pass B and passes 1-3), after the selection's gather, and whole (TopkStreamSm90.STOP; the stopped launches'
     output is not the top-k). Differences of consecutive rows are the stages' times."""
     from ops.dsa.topk import fwd, stream_sm90

@@ -6,10 +6,12 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 10:00-10:42, seven calls (nvidia-h200 asked for each; two got one): the whole suite and all
-# sanitizers passed on the H200 at 10:17-10:23 on the final kernels (perf/device_2026-12-06T1017_h200_*).
-# Owed: the dense indexer backward at three consumer warpgroups on an H200 (ops/dsa/indexer/dense_bwd_sm90.py) before
-# it becomes the default.
+# Last runs: 2026-12-06 11:10-12:15, five calls, all on H100s (nvidia-h200 asked; none free): the whole suite and all
+# sanitizers passed at 11:10 on a79a0dd; test_dsa_topk and its sanitizers with the one-read top-k at 11:55 and 12:13.
+# Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); test_dsa_topk on the final top-k gating
+# (the score order's P > 512 on the two passes: CHANGED_TESTS=tests/gpu/test_dsa_topk.py
+# CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py STEPS=changed) and BENCH_ROWS="indexer+top-k" against cuDNN; the dense
+# indexer backward at three consumer warpgroups (ops/dsa/indexer/dense_bwd_sm90.py) before it becomes the default.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
@@ -37,7 +39,9 @@ step() {   # step NAME NEED [ID]: true when step ID is wanted and NEED seconds a
   echo "== $1 skipped: $(left) s left, it needs $2"; return 1
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if { [ "$(left)" -lt "$FULL_NEED" ] || { [ "$STEPS" != all ] && want changed; }; } && step "changed kernels" 60; then
+# the changed kernels first: with STEPS=all when less than FULL_NEED is left, else only when STEPS names it
+if { { [ "$STEPS" = all ] && [ "$(left)" -lt "$FULL_NEED" ]; } || { [ "$STEPS" != all ] && want changed; }; } \
+    && step "changed kernels" 60; then
   RUN_JOBS=4 GPU_TESTS="${CHANGED_TESTS:-$g/test_dsa_sparse_scores.py $g/test_dsa_indexer_bwd.py $g/test_dsa_sparse_attn.py}" \
     GPU_SANITIZE="${CHANGED_SANITIZE:-$g/sanitize_dsa_sparse_scores.py $g/sanitize_dsa_indexer_bwd.py}" PYTEST_TIMEOUT=150 SAN_TIMEOUT=60 \
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1

@@ -54,7 +54,14 @@ key equal to T is >= t_f, so the tie count is exact; keys below t_f are all belo
 the top. Otherwise (a misleading sample, or more than CAND scores at or above t_f) misc and the histogram are zeroed
 and the row runs passes A and B (two_pass_select), as with SAMPLE = 0. tests/test_topk_stream_select.py emulates it
 (sampled_select) on adversarial rows, including a row built to mislead the sample; tests/gpu/test_dsa_topk.py
-compares SAMPLE 1 and 0 bit for bit on rows that take each path.
+compares SAMPLE 1 and 0 bit for bit on rows that take each path. Which variants try it (one_read): the column order,
+and the score order for P <= SAMPLE_SCORE_MAX_P (512). H100 2026-12-06 12:13
+(perf/topk_one_read_2026-12-06T1213_h100_ab.txt, bench/ab_topk.py against the two passes, 32K rows, same
+selections): W 32K k 64 score order 1.71 vs 2.73 ms, column order k 2048 2.69 vs 3.24, k 64 1.78 vs 2.64, causal 2.48
+vs 3.15; but score order k 2048 3.75 vs 3.64 (the bitonic ordering of 2048, no longer hidden under other CTAs' second
+reads, bounds it) and rounded rows 1.03-1.08x; W 4K rows take the two passes. test_dsa_topk 90 passed, racecheck /
+memcheck clean on that H100 with the one read in every variant (11:55 and 12:13); the final gating itself (P > 512
+score order on the two passes) did not run as a whole file on a GPU.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
@@ -111,7 +118,7 @@ class TopkStreamSm90(TopkSm90):
     # the ordering)
     STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
-    SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: two passes
+    SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: no
     SAMPLE_SCORE_MAX_P = 512     # ... in the score order only for P up to this (the ordering of 2048 is exposed there)
 
     def one_read(self):
