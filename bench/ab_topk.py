@@ -12,7 +12,8 @@ then prints both times and the ratio.
 
 Run (the base files must travel with the working tree):
   python bench/ab_topk.py --prepare REV        here: ops/dsa/topk/_ab_base_{stream,topk,sort}_sm90.py from REV
-  python bench/ab_topk.py [--rows N] [--iters N] [--first]      on the device
+  python bench/ab_topk.py [--rows N] [--iters N] [--first] [--knobs SPEC ...] [--extra-k K ...]   on the device
+    (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 --extra-k 512 1024: where the score order's one read pays)
   python bench/ab_topk.py --clean              here: remove the base files
 """
 import argparse
@@ -64,15 +65,21 @@ def run(a):
     if not os.path.exists(os.path.join(PKG, base_name("stream_sm90") + ".py")):
         sys.exit("no base kernel: run python bench/ab_topk.py --prepare REV here first")
     base = __import__(f"ops.dsa.topk.{base_name('stream_sm90')}", fromlist=["TopkStreamSm90"]).TopkStreamSm90
-    kernels = (("base", base), ("current", stream_sm90.TopkStreamSm90))
+    cur = stream_sm90.TopkStreamSm90
+    kernels = [("base", base), ("current", cur)]
+    for spec in a.knobs:      # the current kernel with class knobs set (a subclass: its own compiled variants)
+        attrs = {kk: int(v) for kk, v in (kv.split("=") for kv in spec.split(","))}
+        kernels.append((spec, type("TopkStreamSm90", (cur,), attrs)))
     from topk_breakdown import topk_cases
     R = a.rows
     st = torch.cuda.current_stream().cuda_stream
     cases = topk_cases(R)
     if a.first:
         cases = cases[:1]
+    cases += [(f"randn W32K k{k}", cases[0][1], k) for k in a.extra_k]
     print(f"# top-k streaming kernel A/B, {torch.cuda.get_device_name()}, {R} rows; ms (median of {a.iters})")
-    print(f"{'row':34s} {'base':>8s} {'current':>8s} {'cur/base':>8s}  same selection")
+    print(f"{'row':34s} {'base':>8s} {'current':>8s} {'cur/base':>8s}  same selection" +
+          "".join(f"  {spec} (ms, /base, same)" for spec in a.knobs))
     fwd.STREAM = True
     try:
         for order in ("score", "column"):
@@ -86,9 +93,15 @@ def run(a):
                     res[tag] = (t, out.clone())
                 (tb, ob), (tc, oc) = res["base"], res["current"]
                 ok = same_selection(ob, oc) and not bool((oc == -7).any())
-                print(f"{name + ' ' + order:34s} {tb * 1e3:8.3f} {tc * 1e3:8.3f} {tc / tb:8.3f}  {ok}", flush=True)
+                extra = ""
+                for spec in a.knobs:
+                    tk, ok_ = res[spec]
+                    same = same_selection(ob, ok_) and not bool((ok_ == -7).any())
+                    extra += f"  {tk * 1e3:8.3f} {tk / tb:6.3f} {same}"
+                print(f"{name + ' ' + order:34s} {tb * 1e3:8.3f} {tc * 1e3:8.3f} {tc / tb:8.3f}  {ok}{extra}",
+                      flush=True)
     finally:
-        stream_sm90.TopkStreamSm90 = kernels[1][1]
+        stream_sm90.TopkStreamSm90 = cur
         fwd._CACHE.clear()
 
 
@@ -99,6 +112,9 @@ if __name__ == "__main__":
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
+    p.add_argument("--knobs", nargs="*", default=[],
+                   help='the current kernel also with class knobs, e.g. "SAMPLE_SCORE_MAX_P=2048" "SAMPLE=0"')
+    p.add_argument("--extra-k", nargs="*", type=int, default=[], help="more randn W 32K rows at these k")
     a = p.parse_args()
     if a.prepare:
         prepare(a.prepare)
