@@ -10,7 +10,8 @@
 # sanitizers passed at 11:10 on a79a0dd; test_dsa_topk and its sanitizers with the one-read top-k at 11:55 and 12:13.
 # Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); test_dsa_topk on the final top-k gating
 # (the score order's P > 512 on the two passes: CHANGED_TESTS=tests/gpu/test_dsa_topk.py
-# CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py STEPS=changed) and BENCH_ROWS="indexer+top-k" against cuDNN; the dense
+# CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py STEPS=changed), BENCH_ROWS="indexer+top-k" against cuDNN and
+# `python3 bench/ab_topk.py --knobs SAMPLE_SCORE_MAX_P=2048 --extra-k 512 1024` (after --prepare a79a0dd here); the dense
 # indexer backward at three consumer warpgroups (ops/dsa/indexer/dense_bwd_sm90.py) before it becomes the default.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
