@@ -329,7 +329,7 @@ class TopkStreamSm90(TopkSm90):
                 t_f = self.float_of_key((d_s << SHIFT0) | (misc[1] << (SHIFT0 - 7)))
                 cute.arch.sync_threads()            # misc[1] read by every thread before misc is written again
 
-        # one read: every score in [t_f, +inf) a candidate (its column; its key formed afterwards)
+        # one read: every score in [t_f, +inf) a candidate (its key and column)
         if tid == 0:
             misc[6] = Int32(0)
         cute.arch.sync_threads()
@@ -347,7 +347,7 @@ class TopkStreamSm90(TopkSm90):
             if not take_all:
                 for i in cutlass.range_constexpr(BINS0 // NT):
                     hist[tid + NT * i] = Int32(0)
-                cute.arch.sync_threads()            # keys in place, hist zeroed
+                cute.arch.sync_threads()            # hist zeroed (the candidates were written before the last barrier)
                 for c0 in cutlass.range(0, n_above, NT, unroll=1):
                     i = c0 + tid
                     u = Int32(0)
