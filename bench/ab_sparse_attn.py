@@ -90,7 +90,6 @@ def prebuild(a):
     """Compile (into the kernel store, PADDLE_DSA_KERNEL_CACHE) the working tree's kernel with each --knobs spec at the
     run's keys (B 1, Sq 4096, top-k 2048, 576 / 512, --heads; the backward with a sink), as run() will on the device."""
     import importlib
-    from ops.common.tensors import COMPILE_OPTIONS  # noqa: F401 (the seam compiles with them)
     kind = "bwd" if a.bwd else "fwd"
     module = importlib.import_module(f"ops.dsa.sparse_attn.{kind}")
     cls = getattr(fwd_sm90, "SparseAttnFwdSm90") if kind == "fwd" else getattr(bwd_sm90, "SparseAttnBwdSm90")
