@@ -92,7 +92,7 @@ def prebuild(a):
     import importlib
     kind = "bwd" if a.bwd else "fwd"
     module = importlib.import_module(f"ops.dsa.sparse_attn.{kind}")
-    cls = getattr(fwd_sm90, "SparseAttnFwdSm90") if kind == "fwd" else getattr(bwd_sm90, "SparseAttnBwdSm90")
+    cls = fwd_sm90.SparseAttnFwdSm90 if kind == "fwd" else bwd_sm90.SparseAttnBwdSm90
     for spec in a.knobs:
         saved = {k: getattr(cls, k) for k in knob_attrs(spec)}
         for k, v in knob_attrs(spec).items():
