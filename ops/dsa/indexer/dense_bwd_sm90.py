@@ -48,7 +48,7 @@ class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
     default stays two until one has (the project's rule for a kernel change). ptxas at three: 16-byte spill, one
     4-byte reload a block (128, 64, fp32); the deterministic variants spill 44-68 bytes."""
 
-    CONSUMERS = 2
+    CONSUMERS = 3
 
     def __init__(self, head_dim: int, heads: int, w_dtype: str, varlen: bool, has_offsets: bool,
                  deterministic: bool = False):
