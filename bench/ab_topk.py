@@ -13,7 +13,8 @@ then prints both times and the ratio.
 Run (the base files must travel with the working tree):
   python bench/ab_topk.py --prepare REV        here: ops/dsa/topk/_ab_base_{stream,topk,sort}_sm90.py from REV
   python bench/ab_topk.py [--rows N] [--iters N] [--first] [--knobs SPEC ...] [--extra-k K ...]   on the device
-    (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 --extra-k 512 1024: where the score order's one read pays)
+    (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 SORT=key --extra-k 512 1024: where the score order's one read
+    pays; SORT is sort_sm90.SelectionSort's, a string knob)
   python bench/ab_topk.py --clean              here: remove the base files
 """
 import argparse
@@ -68,7 +69,7 @@ def run(a):
     cur = stream_sm90.TopkStreamSm90
     kernels = [("base", base), ("current", cur)]
     for spec in a.knobs:      # the current kernel with class knobs set (a subclass: its own compiled variants)
-        attrs = {kk: int(v) for kk, v in (kv.split("=") for kv in spec.split(","))}
+        attrs = {kk: int(v) if v.lstrip("-").isdigit() else v for kk, v in (kv.split("=") for kv in spec.split(","))}
         kernels.append((spec, type("TopkStreamSm90", (cur,), attrs)))
     from topk_breakdown import topk_cases
     R = a.rows
@@ -113,7 +114,7 @@ if __name__ == "__main__":
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--knobs", nargs="*", default=[],
-                   help='the current kernel also with class knobs, e.g. "SAMPLE_SCORE_MAX_P=2048" "SAMPLE=0"')
+                   help='the current kernel also with class knobs, e.g. "SAMPLE_SCORE_MAX_P=2048" "SAMPLE=0" "SORT=key"')
     p.add_argument("--extra-k", nargs="*", type=int, default=[], help="more randn W 32K rows at these k")
     a = p.parse_args()
     if a.prepare:

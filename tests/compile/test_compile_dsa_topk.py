@@ -53,11 +53,11 @@ def test_compile_stream_launch_shapes(monkeypatch, u, mb):
     assert fwd.compile_variant(fwd.variant_key(2048, True, True, True)) is not None
 
 
-@pytest.mark.parametrize("sort", ["regs", "smem"])
+@pytest.mark.parametrize("sort", ["key", "regs", "smem"])
 @pytest.mark.parametrize("p", [512, 1024, 2048])
 def test_compile_other_sorts(monkeypatch, p, sort):
-    """The other orderings of the selection (sort_sm90.SelectionSort.SORT; the default "key" is compiled above):
-    the (key, column) pair network in registers / shuffles and in shared memory."""
+    """The other orderings of the selection (sort_sm90.SelectionSort.SORT; the default "bucket" is compiled above):
+    the key-only network, the (key, column) pair network in registers / shuffles and in shared memory."""
     from ops.dsa.topk import sort_sm90
     monkeypatch.setattr(sort_sm90.SelectionSort, "SORT", sort)
     monkeypatch.setattr(fwd, "_CACHE", {})

@@ -6,8 +6,10 @@ prebuild_kernels.py --all stores every variant of the default knobs; a test or b
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
 ~100 s on the device). Listed here: test_gather_hints' knob sets at its keys, bench/sparse_score_shapes.py's VARIANTS
 at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets
-(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys, and the sparse indexer backward at the dense one's
-consumer count (test_dsa_indexer_dense_bwd.py compares the two bit for bit: every key with topk_length).
+(--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys, the sparse indexer backward at the dense one's
+consumer count (test_dsa_indexer_dense_bwd.py compares the two bit for bit: every key with topk_length), and the
+top-k's other orderings (test_dsa_topk.py's test_sort_paths) and its streaming kernel's score order with the one read
+at every k (TOPK_KNOBS=SAMPLE_SCORE_MAX_P=2048).
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse
@@ -23,7 +25,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "SparseIndexerScoreSm90"),
          "attn": ("ops.dsa.attn_score.sparse", "ops.dsa.attn_score.sparse_sm90", "SparseAttnScoreSm90"),
          "idx_bwd": ("ops.dsa.indexer.sparse_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90"),
-         "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.dense_bwd_sm90", "DenseIndexerBwdSm90")}
+         "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.dense_bwd_sm90", "DenseIndexerBwdSm90"),
+         "topk": ("ops.dsa.topk.fwd", "ops.dsa.topk.sort_sm90", "SelectionSort"),
+         "topk_stream": ("ops.dsa.topk.fwd", "ops.dsa.topk.stream_sm90", "TopkStreamSm90")}
 # test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
 GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
                 ("attn", (576, 128, False, True), (576, 128, True, False)),
@@ -66,6 +70,16 @@ def dense_twin_jobs():
     return [("idx_bwd", key, knobs) for key in sparse_bwd.all_variant_keys() if key[4]]
 
 
+def topk_sort_jobs():
+    """test_dsa_topk.py's test_sort_paths: the orderings other than the default at P >= 512, both kernels (rank 2, no
+    lengths); below P 512 every ordering but the default compiles to the same kernel."""
+    from ops.dsa.topk import fwd
+    return [("topk", fwd.variant_key(p, False, False, stream), {"SORT": sort}) for sort in ("key", "regs", "smem")
+            for p in (512, 1024, 2048) for stream in (False, True)] + \
+        [("topk_stream", key, {"SAMPLE_SCORE_MAX_P": 2048}) for key in fwd.all_variant_keys()   # TOPK_KNOBS trial
+         if key[3] and not key[4] and key[0] > 512]
+
+
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -90,6 +104,7 @@ def main(a):
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
     jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
     jobs += dense_twin_jobs()
+    jobs += topk_sort_jobs()
     specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
         kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}

@@ -1,8 +1,9 @@
 """Small top-k configs for compute-sanitizer racecheck/memcheck, through both kernels: aligned rows (the streaming
 kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at the threshold, lengths, rank 3, one
 row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
-k hold short runs of equal keys (the "key" ordering's atomic slots and in-place run sort; the rounded rows' long
-runs take its fallback to the pair network), and the column order (order="column": the bitmap, and the key sort on
+k hold short runs of equal keys (the "bucket" ordering's atomic places and ranks; a run over BUCKET_MAX and an outlier
+send rows to the "key" ordering, whose atomic slots and in-place run sort run too, and a long run on to the pair
+network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
 non-zero if any output element is left unwritten (-7)."""
@@ -31,8 +32,10 @@ def main():
     topk_fwd(s2, out2, stream=stream)
     outs = [out, out2]
     crowded = 1.0 + torch.rand(2, 12000, device=dev)
-    runs = (torch.randn(2, 8192, device=dev) * 3000).round()   # the "key" sort: runs of 2..8 equal keys (atomics)
+    runs = (torch.randn(4, 8192, device=dev) * 3000).round()   # the "key" sort: runs of 2..8 equal keys (atomics)
     runs[1, :8] = 30000.0
+    runs[2, :40] = 30000.0                                      # a bucket over BUCKET_MAX: "key", then the pair network
+    runs[3, 5] = 3e38                                           # an outlier: few buckets, the "bucket" sort's fallback
     fallback = torch.randn(2, 8192, device=dev)                 # the one-read select's fallbacks (TopkStreamSm90.SAMPLE)
     fallback[0] = 1.5                                           # more than 4096 candidates
     fallback[1, [((t * 2048) // 512) * 4 for t in range(0, 512, 2)]] = 100.0    # a misleading sample
@@ -40,7 +43,7 @@ def main():
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):
-            for k in (300, 2048):                   # the register sort at E = 1 and E = 4 pairs a thread
+            for k in (64, 300, 2048):               # the sorts at P < 512 (one pair a thread or none), E = 1, E = 4
                 o = torch.full((x.shape[0], k), -7, dtype=torch.int32, device=dev)
                 topk_fwd(src, o, stream=stream)
                 outs.append(o)

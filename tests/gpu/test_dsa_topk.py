@@ -3,7 +3,7 @@ score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUA
 descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
 with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
 take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
-Run: python -m pytest -q tests/gpu/test_dsa_topk.py
+Run: python -m pytest -q tests/gpu/test_dsa_topk.py   (TOPK_KNOBS="NAME=INT,...": TopkStreamSm90 knobs on trial)
 """
 import os
 import sys
@@ -29,9 +29,13 @@ _CACHES = {}
 def kernel(request, monkeypatch):
     """stream: aligned rows on the streaming kernel (as shipped), cached: TopkSm90 for every call. Each mode keeps
     its own compiled variants."""
-    from ops.dsa.topk import fwd
+    from ops.dsa.topk import fwd, stream_sm90
     monkeypatch.setattr(fwd, "STREAM", request.param != "cached")
     monkeypatch.setattr(fwd, "_CACHE", _CACHES.setdefault(request.param, {}))
+    for spec in filter(None, os.environ.get("TOPK_KNOBS", "").split(",")):    # knobs on trial, e.g. SAMPLE=0
+        name, value = spec.split("=")
+        assert hasattr(stream_sm90.TopkStreamSm90, name), f"TOPK_KNOBS: no knob {name}"
+        monkeypatch.setattr(stream_sm90.TopkStreamSm90, name, int(value))
     return request.param
 
 
@@ -142,15 +146,17 @@ def test_cuda_graph_capture():
     assert torch.equal(out, reference(s, 512))
 
 
-@pytest.mark.parametrize("sort", ["key", "regs", "smem"])
-@pytest.mark.parametrize("k", [300, 1000, 2048])
+@pytest.mark.parametrize("sort", ["bucket", "key", "regs", "smem"])
+@pytest.mark.parametrize("k", [64, 300, 1000, 2048])
 def test_sort_paths(monkeypatch, k, sort):
-    """The three orderings of the selected set for P >= 512 (sort_sm90.SelectionSort.SORT): "key" (the default: a
-    key-only network, slots by rank, equal-key runs ordered in place, runs longer than GROUP_MAX handed to "regs"),
-    "regs" (the pair network in registers / shuffles) and "smem" (the pair network in shared memory): same indices
-    as the stable sort, with ties (runs of 2..GROUP_MAX equal keys, exactly GROUP_MAX and GROUP_MAX + 1, many equal
-    keys, one key for a whole row, -0.0 and +0.0), padding, a row narrower than a warp's keys and rows of 70000
-    columns."""
+    """The orderings of the selected set (sort_sm90.SelectionSort.SORT): "bucket" (the default: a counting sort by
+    key range and a rank inside each bucket; a bucket over BUCKET_MAX handed to "key", or "smem" below P 512), "key"
+    (a key-only network, slots by rank, equal-key runs ordered in place, runs longer than GROUP_MAX handed to
+    "regs"), "regs" (the pair network in registers / shuffles) and "smem" (the pair network in shared memory; every
+    sort below P 512 but "bucket"): same indices as the stable sort, with ties (runs of 2..GROUP_MAX equal keys,
+    exactly GROUP_MAX and GROUP_MAX + 1, BUCKET_MAX and BUCKET_MAX + 1, many equal keys, one key for a whole row,
+    -0.0 and +0.0), an outlier that squeezes every other key into a few buckets, padding, a row narrower than a
+    warp's keys and rows of 70000 columns."""
     from ops.dsa.topk import fwd, sort_sm90
     monkeypatch.setattr(sort_sm90.SelectionSort, "SORT", sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
@@ -163,6 +169,13 @@ def test_sort_paths(monkeypatch, k, sort):
     t[10, ::4096] = 9000.0                                  # a run of GROUP_MAX spread over the row
     t[11, 3::3000] = 9000.0                                 # 11 equal keys spread over the row
     check(t, k)
+    b = sort_sm90.BUCKET_MAX
+    o = torch.randn(4, 32768, device=DEV)
+    o[0, 77] = 3e38                                         # the range stretched: the others share a few buckets
+    o[1, 100:100 + b] = 50.0                                # a run of exactly BUCKET_MAX at the top
+    o[2, 3::900] = 7.0                                      # 37 equal keys spread (BUCKET_MAX + 5): the fallback
+    o[3, :] = o[3, :] * 1e-40                               # denormal scores (ties among them)
+    check(o, k)
     s = (torch.randn(8, 3000, device=DEV) * 3).round()
     s[0, :] = 1.5
     s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last

@@ -6,8 +6,19 @@ Input (shared memory, after a CTA barrier that follows every append): sel_u[0:n_
 out[i] for i < k = the column of the i-th element in descending key order, ties lower column first, -1 for
 i >= n_sel. ks = u ^ 0x80000000 orders keys as signed ints; padding is u = 0 (ks = INT_MIN), below every real key.
 
-Three ways (SORT), same output bits:
-  "key"  (default, P >= NT): a bitonic network over the keys alone, then each pair's slot by rank. Keys are sorted
+Four ways (SORT), same output bits:
+  "bucket" (default, every P): a counting sort by key range, then a rank inside each bucket. The selection's largest
+         and smallest keys (warp redux, one atomic max / min a warp) give a shift s that maps [kmin, kmax] onto
+         NB = max(2 P, NT) buckets, bucket = (kmax >> s) - (ks >> s) (descending keys, ascending buckets); an atomic
+         count a pair gives its place in the bucket (arrival order), a CTA scan of the counts (NB / NT buckets a
+         thread) the buckets' first slots; the pairs are written grouped by bucket into sel_u / sel_c (free: every
+         thread holds its own in registers), and each pair's slot = its bucket's first slot + the pairs of its
+         bucket that sort before it (larger key, or equal key and lower column: exact, whatever the arrival order).
+         7 barriers and about 4 shared-memory accesses a pair plus two a bucket neighbour, against the 66-stage
+         network of "key". A bucket of more than BUCKET_MAX pairs (a run of equal keys, or a range stretched by an
+         outlier) is seen before anything moves and sends the row to "key" (P < NT: "smem"). tests/
+         test_topk_bucket_sort.py emulates the index logic on the CPU.
+  "key"  (P >= NT): a bitonic network over the keys alone, then each pair's slot by rank. Keys are sorted
          descending with one max and one min per compare-exchange (every segment made descending by inverting the
          keys of ascending segments, ~ks, for the length of a merge phase), E = P / NT keys a thread in registers,
          partners closer than 32 E a shuffle away, farther ones through sel_u (write own, barrier, read partner,
@@ -26,7 +37,11 @@ selected column), thread t owns a contiguous range of words, a CTA scan of their
 written in bit order; no sort. Wider rows: keys ks = ~column (unique) through the ordering above.
 Shared-memory handoffs: sel_u (exchange, then the sorted keys), sel_c (the columns by slot), cnt (counters or the
 bitmap), part (scan partials) and misc[7] (the long-run flag) are each read only after a CTA barrier that follows
-all their writers; each thread reads back only its own slots of sel_u before it overwrites them.
+all their writers; each thread reads back only its own slots of sel_u before it overwrites them. "bucket": misc[2] /
+misc[3] (the range) are seeded before the barrier that precedes their atomics and read after the next (B1); the
+counts after B2; part and the too-big flag misc[7] after B3, and misc[7] is cleared for the fallback only after one
+more barrier; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
+and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
 
 Status (H200, 2026-12-05, perf/topk_key_sort_2026-12-05T0341.txt): tests/gpu/test_dsa_topk.py 79 passed (every ordering,
 both kernels, runs of 2..GROUP_MAX, exactly GROUP_MAX and GROUP_MAX + 1 equal keys), racecheck 0 hazards, memcheck 0
@@ -53,6 +68,7 @@ from ...common.cta_scan import add_warps_before, warp_inclusive_scan
 NT = 512                     # threads of a top-k CTA
 SIGN = -2147483648           # 0x80000000 as int32
 GROUP_MAX = 8                # longest run of equal keys the "key" sort orders in place; a longer one -> "regs"
+BUCKET_MAX = 32              # largest bucket the "bucket" sort ranks by a scan of it; a larger one -> "key" (or "smem")
 BITMAP_WORDS = 4096          # column order: rows of up to 32 x this many columns go through a bitmap (cnt's 16 KiB)
 
 
@@ -64,7 +80,7 @@ def network_stages(p):
 class SelectionSort:
     """Mixin of topk_sm90.TopkSm90: needs self.P (padded k) and self.by_column (the column-order variant)."""
 
-    SORT = "key"             # "key" | "regs" | "smem" (P < NT: always "smem")
+    SORT = "bucket"          # "bucket" | "key" | "regs" | "smem" (P < NT: "bucket" or else "smem")
 
     @cute.jit
     def sort_and_write(self, sel_u, sel_c, cnt, part, misc, gOut, k, tid, width):
@@ -80,9 +96,9 @@ class SelectionSort:
             if width <= 32 * BITMAP_WORDS:
                 self.columns_by_bitmap(sel_c, cnt, part, n_sel, tid, width)
             else:
-                self.pad_and_sort(sel_u, sel_c, cnt, misc, n_sel, tid)
+                self.pad_and_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid)
         else:
-            self.pad_and_sort(sel_u, sel_c, cnt, misc, n_sel, tid)
+            self.pad_and_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid)
         for i in cutlass.range(tid, k, NT, unroll=1):
             if i < P:
                 gOut[i] = Int32(cutlass.select_(i < n_sel, sel_c[i], Int32(-1)))
@@ -90,7 +106,7 @@ class SelectionSort:
                 gOut[i] = Int32(-1)
 
     @cute.jit
-    def pad_and_sort(self, sel_u, sel_c, cnt, misc, n_sel, tid):
+    def pad_and_sort(self, sel_u, sel_c, cnt, part, misc, n_sel, tid):
         """Pad the selection to P and sort it (SORT); ends with the ordered columns in sel_c and a barrier."""
         P = self.P
         for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
@@ -101,8 +117,25 @@ class SelectionSort:
                 sel_u[i] = (sel_c[i] ^ Int32(-1)) ^ Int32(SIGN)     # ks = ~column: larger ks = lower column
         if tid == 0:
             misc[7] = Int32(0)
-        cute.arch.sync_threads()                    # padding and the flag written
-        if cutlass.const_expr(P >= NT and self.SORT == "key"):
+            if cutlass.const_expr(self.SORT == "bucket"):
+                misc[2] = Int32(SIGN)               # the selection's largest key (ks), by atomic max
+                misc[3] = Int32(2147483647)         # its smallest, by atomic min
+        cute.arch.sync_threads()                    # padding, the flag and the range's seeds written
+        if cutlass.const_expr(self.SORT == "bucket"):
+            if self.bucket_rank_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid):
+                # a bucket over BUCKET_MAX: sel_u / sel_c as on entry; the key sort (P < NT: the network)
+                if cutlass.const_expr(P >= NT):
+                    cute.arch.sync_threads()        # every thread read the flag before it is cleared
+                    if tid == 0:                    # (key_rank_sort adds to it only after a barrier of its own)
+                        misc[7] = Int32(0)
+                    if self.key_rank_sort(sel_u, sel_c, cnt, misc, tid):
+                        if cutlass.const_expr(self.by_column):
+                            self.bitonic(sel_u, sel_c, tid)
+                        else:
+                            self.bitonic_regs(sel_u, sel_c, tid)
+                else:
+                    self.bitonic(sel_u, sel_c, tid)
+        elif cutlass.const_expr(P >= NT and self.SORT == "key"):
             if self.key_rank_sort(sel_u, sel_c, cnt, misc, tid):
                 if cutlass.const_expr(self.by_column):
                     # not reached (ks = ~column are unique: no run); the shared-memory network keeps the column
@@ -151,6 +184,101 @@ class SelectionSort:
                         sel_c[pos] = w * 32 + b
                         pos = pos + 1
         cute.arch.sync_threads()                    # the ordered columns complete before the output loop
+
+    # ---------------------------------------------------------------------------------------------- "bucket"
+    @cute.jit
+    def bucket_rank_sort(self, sel_u, sel_c, cnt, part, misc, n_sel, tid):
+        """The "bucket" sort (module docstring). Returns True when a bucket holds more than BUCKET_MAX keys: then
+        nothing was moved (sel_u / sel_c as on entry, misc[7] nonzero) and the caller orders the row another way.
+        Needs misc[2] = INT_MIN, misc[3] = INT_MAX and misc[7] = 0 written before its first barrier."""
+        P = self.P
+        E = max(P // NT, 1)                         # elements a thread (tid * E + r); P < NT: threads past P idle
+        NB = max(2 * P, NT)                         # buckets, in cnt[0:NB]
+        BPT = NB // NT                              # buckets a thread owns in the scan
+        LOG_NB = NB.bit_length() - 1
+        lane = tid % 32
+        warp = tid // 32
+        ka = cute.make_rmem_tensor((E,), Int32)     # keys (ks) of this thread's pairs
+        cc = cute.make_rmem_tensor((E,), Int32)     # their columns
+        bk = cute.make_rmem_tensor((E,), Int32)     # their buckets, then their slots
+        at = cute.make_rmem_tensor((E,), Int32)     # their places within the bucket (arrival order)
+        hi = Int32(SIGN)
+        lo = Int32(2147483647)
+        for r in cutlass.range_constexpr(E):
+            i = tid * E + r
+            ka[r] = Int32(SIGN)
+            cc[r] = Int32(0)
+            if i < n_sel:
+                ka[r] = sel_u[i] ^ Int32(SIGN)
+                cc[r] = sel_c[i]
+                hi = cutlass.max(hi, ka[r])
+                lo = cutlass.min(lo, ka[r])
+        for j in cutlass.range_constexpr(BPT):
+            cnt[tid * BPT + j] = Int32(0)
+        hi = cute.arch.warp_redux_sync(hi, "max")
+        lo = cute.arch.warp_redux_sync(lo, "min")
+        if lane == 0:
+            cute.arch.atomic_max(misc.iterator + 2, hi)
+            cute.arch.atomic_min(misc.iterator + 3, lo)
+        cute.arch.sync_threads()                    # B1: buckets zeroed, the range complete, every pair read
+        kmax = misc[2]
+        kmin = misc[3]
+        # the bucket of ks is (kmax >> s) - (ks >> s) (arithmetic shifts), at most (R >> s) + 1 for the range
+        # R = kmax - kmin (< 2^32: its wrapped int32 bits read as unsigned by clz); s = bits(R) - LOG_NB makes
+        # R >> s < NB, one more bit when the bucket of kmin would still be NB; s = 0 only for R < NB, so the int32
+        # differences never overflow (s >= 1 halves the keys' span)
+        bits = Int32(32) - Int32(cute.arch.clz(kmax - kmin))
+        s = cutlass.max(bits - LOG_NB, Int32(0))
+        s = s + Int32(cutlass.select_((kmax >> s) - (kmin >> s) >= NB, Int32(1), Int32(0)))
+        top = kmax >> s
+        for r in cutlass.range_constexpr(E):
+            if tid * E + r < n_sel:
+                bk[r] = top - (ka[r] >> s)
+                at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
+        cute.arch.sync_threads()                    # B2: every bucket's count complete
+        mine = cute.make_rmem_tensor((BPT,), Int32)
+        total = Int32(0)
+        big = Int32(0)
+        for j in cutlass.range_constexpr(BPT):
+            mine[j] = cnt[tid * BPT + j]
+            total = total + mine[j]
+            big = big | Int32(cutlass.select_(mine[j] > BUCKET_MAX, Int32(1), Int32(0)))
+        if big != 0:
+            cute.arch.atomic_or(misc.iterator + 7, Int32(1))
+        incl = warp_inclusive_scan(total, lane)
+        if lane == 31:
+            part[warp] = incl
+        cute.arch.sync_threads()                    # B3: the warps' totals and the flag complete
+        too_big = misc[7] != 0
+        if misc[7] == 0:
+            start = add_warps_before(incl - total, part, warp, NT // 32)
+            for j in cutlass.range_constexpr(BPT):  # own buckets: counts -> first slots
+                cnt[tid * BPT + j] = start
+                start = start + mine[j]
+            cute.arch.sync_threads()                # B4: every bucket's first slot written
+            for r in cutlass.range_constexpr(E):    # the pairs grouped by bucket (every thread read its own: B1)
+                if tid * E + r < n_sel:
+                    b = bk[r]
+                    first = cnt[b]
+                    sel_u[first + at[r]] = ka[r]
+                    sel_c[first + at[r]] = cc[r]
+                    at[r] = Int32(cutlass.select_(b + 1 < NB, cnt[cutlass.min(b + 1, NB - 1)], n_sel))   # its end
+                    bk[r] = first
+            cute.arch.sync_threads()                # B5: the grouped pairs complete
+            for r in cutlass.range_constexpr(E):    # slot = first slot + the bucket's pairs that sort before
+                if tid * E + r < n_sel:
+                    n = Int32(0)
+                    for j in cutlass.range(bk[r], at[r], 1, unroll=1):
+                        u = sel_u[j]
+                        before = u > ka[r] or (u == ka[r] and sel_c[j] < cc[r])
+                        n = n + Int32(cutlass.select_(before, Int32(1), Int32(0)))
+                    bk[r] = bk[r] + n
+            cute.arch.sync_threads()                # B6: every grouped pair read
+            for r in cutlass.range_constexpr(E):
+                if tid * E + r < n_sel:
+                    sel_c[bk[r]] = cc[r]
+            cute.arch.sync_threads()                # B7: every column at its slot
+        return too_big
 
     # ---------------------------------------------------------------------------------------------- "key"
     @cute.jit
