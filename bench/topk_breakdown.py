@@ -7,9 +7,10 @@ indexer writes them) and rounded scores (randn x 4000 rounded: the top 2048 hold
 the kernel, the inputs' torch.randn kernels launch first; 2026-12-03 17:20 an unfiltered `-k regex:kernel` profiled
 torch's randn).
 
-Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "key": a key-only network and slots by
-rank); --sorts key,regs,smem times every row with each (regs: the (key, column) pair network in registers /
-shuffles, the default until 2026-12-05; smem: the pair network in shared memory); --column adds order="column" (the
+Rows use the default ordering of the selection (sort_sm90.SelectionSort.SORT "bucket": a counting sort by key range
+and a rank inside each bucket, the default since 2026-12-06); --sorts bucket,key,regs,smem times every row with each
+(key: a key-only network and slots by rank, the default 2026-12-05/06; regs: the (key, column) pair network in
+registers / shuffles, the default until 2026-12-05; smem: the pair network in shared memory); --column adds order="column" (the
 selection in ascending column order through a bitmap, no sort). Every row runs on the streaming kernel
 (stream_sm90, the default for aligned rows) and on the row-caching one (topk_sm90;
 fwd.STREAM False).
@@ -20,7 +21,7 @@ fwd.STREAM False).
 
 --stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
 
-Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts key,regs,smem] [--no-cached] [--column] [--stages]
+Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts bucket,key,regs,smem] [--no-cached] [--column] [--stages]
 """
 import argparse
 import os
@@ -78,7 +79,7 @@ def main(a):
     from ops.dsa.topk import fwd, sort_sm90
     for stream in ((True,) if a.no_cached else (True, False)):
         fwd.STREAM = stream
-        for sort, order in [(x, "score") for x in a.sorts.split(",")] + [("key", "column")] * a.column:
+        for sort, order in [(x, "score") for x in a.sorts.split(",")] + [("bucket", "column")] * a.column:
             sort_sm90.SelectionSort.SORT = sort
             fwd._CACHE.clear()
             for name, s, k in cases:
@@ -135,7 +136,7 @@ if __name__ == "__main__":
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--peer", action="store_true", help="with --ncu: also cuDNN frontend's indexer_top_k_wrapper, both "
                    "launches warmed up, then between cudaProfilerStart / Stop (tests/gpu/profile_pair.sh)")
-    p.add_argument("--sorts", default="key", help="comma list of sort_sm90.SelectionSort.SORT values to time")
+    p.add_argument("--sorts", default="bucket", help="comma list of sort_sm90.SelectionSort.SORT values to time")
     p.add_argument("--no-cached", action="store_true", help="only the streaming kernel")
     p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")

@@ -6,13 +6,11 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 11:10-12:15, five calls, all on H100s (nvidia-h200 asked; none free): the whole suite and all
-# sanitizers passed at 11:10 on a79a0dd; test_dsa_topk and its sanitizers with the one-read top-k at 11:55 and 12:13.
-# Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); test_dsa_topk on the final top-k gating
-# (the score order's P > 512 on the two passes: CHANGED_TESTS=tests/gpu/test_dsa_topk.py
-# CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py STEPS=changed), BENCH_ROWS="indexer+top-k" against cuDNN and
-# `python3 bench/ab_topk.py --knobs SAMPLE_SCORE_MAX_P=2048 --extra-k 512 1024` (after --prepare a79a0dd here); the dense
-# indexer backward at three consumer warpgroups (ops/dsa/indexer/dense_bwd_sm90.py) before it becomes the default.
+# Last runs: 2026-12-06 13:17-13:45, all on H100s (nvidia-h200 asked; the calls were placed on H100s): the whole suite
+# and all sanitizers passed at 13:17 on 27f67d8 (dense indexer backward at three consumers); test_dsa_topk and its
+# sanitizers with the bucket ordering at 13:28 and with the one read at every k since.
+# Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"): no H200 has run the top-k's bucket
+# ordering, its one read in the score order at k > 512, or the dense indexer backward at three consumers.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),

@@ -8,8 +8,8 @@ other keys, which a device call would otherwise compile one by one (test_dsa_spa
 at its key, bench/indexer_bwd_shapes.py's VARIANTS at its two rows' keys, and bench/ab_attn_score.py's knob sets
 (--knobs SPEC ..., default the owed run's AB_KNOBS) at its keys, the sparse indexer backward at the dense one's
 consumer count (test_dsa_indexer_dense_bwd.py compares the two bit for bit: every key with topk_length), and the
-top-k's other orderings (test_dsa_topk.py's test_sort_paths) and its streaming kernel's score order with the one read
-at every k (TOPK_KNOBS=SAMPLE_SCORE_MAX_P=2048).
+top-k's other orderings (test_dsa_topk.py's test_sort_paths), its streaming kernel's two passes alone (SAMPLE = 0:
+test_sampled_and_two_pass_agree) and bench/topk_breakdown.py's --sweep and --stages variants.
 Knob sets equal to a kernel's defaults are left to prebuild_kernels.py. Prints one line per variant and a summary.
 """
 import argparse
@@ -76,8 +76,18 @@ def topk_sort_jobs():
     from ops.dsa.topk import fwd
     return [("topk", fwd.variant_key(p, False, False, stream), {"SORT": sort}) for sort in ("key", "regs", "smem")
             for p in (512, 1024, 2048) for stream in (False, True)] + \
-        [("topk_stream", key, {"SAMPLE_SCORE_MAX_P": 2048}) for key in fwd.all_variant_keys()   # TOPK_KNOBS trial
-         if key[3] and not key[4] and key[0] > 512]
+        [("topk_stream", fwd.variant_key(p, False, False, True, col), {"SAMPLE": 0})   # the two passes alone
+         for p in (64, 2048) for col in (False, True)]
+
+
+def topk_bench_jobs():
+    """bench/topk_breakdown.py --sweep (launch shapes at its rows' keys) and --stages (the stopped launches)."""
+    from ops.dsa.topk import fwd
+    keys = [fwd.variant_key(p, False, False, True) for p in (2048, 64)]
+    jobs = [("topk_stream", key, {"U": u, "MIN_BLOCKS": mb}) for u, mb in ((4, 2), (2, 2), (1, 3), (1, 4))
+            for key in keys]
+    return jobs + [("topk_stream", fwd.variant_key(2048, False, False, True, col), {"STOP": stop})
+                   for stop in ("A", "threshold", "selection") for col in (False, True)]
 
 
 def one(job):
@@ -104,7 +114,7 @@ def main(a):
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
     jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
     jobs += dense_twin_jobs()
-    jobs += topk_sort_jobs()
+    jobs += topk_sort_jobs() + topk_bench_jobs()
     specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
         kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}

@@ -40,13 +40,13 @@ from .sparse_bwd_sm90 import SparseIndexerBwdSm90
 
 
 class DenseIndexerBwdSm90(SparseIndexerBwdSm90):
-    """One compiled variant: (Di, Hi, weights dtype name, varlen, with q_offsets). Launch shape: the sparse kernel's
-    (CONSUMERS 2). Three consumer warpgroups are faster here: H200 2026-12-06 10:15 (bench/indexer_bwd_shapes.py, same
-    run) dense causal 8K Hi 64 5.619 ms against 5.945; H100 10:30 / 10:35 / 10:37 / 10:42 5.974-5.989 against
-    6.069-6.073. With CONSUMERS = 3 tests/gpu/test_dsa_indexer_dense_bwd.py (39) and its sanitizers passed on H100s
-    (10:35, 10:37, 10:42; commit 88a09e2), but no H200 has run those tests at three (four calls asked for one), so the
-    default stays two until one has (the project's rule for a kernel change). ptxas at three: 16-byte spill, one
-    4-byte reload a block (128, 64, fp32); the deterministic variants spill 44-68 bytes."""
+    """One compiled variant: (Di, Hi, weights dtype name, varlen, with q_offsets). Launch shape: the sparse kernel's,
+    at three consumer warpgroups (CONSUMERS 3, the sparse kernel's two before 2026-12-06 13:17). Three are faster:
+    H200 2026-12-06 10:15 (bench/indexer_bwd_shapes.py, same run) dense causal 8K Hi 64 5.619 ms against 5.945; H100
+    10:30-10:42 5.974-5.989 against 6.069-6.073. With CONSUMERS = 3 tests/gpu/test_dsa_indexer_dense_bwd.py (39) and
+    its sanitizers passed on H100s (10:35, 10:37, 10:42; 13:17 in the whole suite, 13:28), not yet on an H200 (every
+    call asking for one since 10:30 was placed on an H100). ptxas at three: 16-byte spill, one 4-byte reload a block
+    (128, 64, fp32); the deterministic variants spill 44-68 bytes."""
 
     CONSUMERS = 3
 

@@ -43,7 +43,12 @@ counts after B2; part and the too-big flag misc[7] after B3, and misc[7] is clea
 more barrier; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
 and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
 
-Status (H200, 2026-12-05, perf/topk_key_sort_2026-12-05T0341.txt): tests/gpu/test_dsa_topk.py 79 passed (every ordering,
+Status of "bucket" (H100 only, 2026-12-06 13:30, perf/topk_bucket_2026-12-06T1330_h100_*): tests/gpu/test_dsa_topk.py
+104 passed (test_sort_paths: every ordering at k 64, 300, 1000, 2048 with runs of BUCKET_MAX and more, an outlier,
+denormal ties), racecheck 0 hazards, memcheck 0 errors (sanitize_dsa_topk: both fallbacks); ptxas 40 registers, no
+spills. bench/ab_topk.py, 32K rows, against the key network in the same run: score order k 2048 3.24 vs 3.62 ms, W 4K
+2.14 -> 1.82, causal 3.53 -> 3.18, rounded 5.58 -> 4.68, k 512 2.08 -> 1.95; column order unchanged (its bitmap).
+Status of "key" (H200, 2026-12-05, perf/topk_key_sort_2026-12-05T0341.txt): tests/gpu/test_dsa_topk.py 79 passed (every ordering,
 both kernels, runs of 2..GROUP_MAX, exactly GROUP_MAX and GROUP_MAX + 1 equal keys), racecheck 0 hazards, memcheck 0
 errors (sanitize_dsa_topk, with rows of short runs). 32K x 32K fp32, k 2048, streaming kernel, same run: "key" 3.77 ms
 against "regs" 4.23 (randn), 3.57 / 4.04 (causal), 2.09 / 2.37 (W 4K); rows whose top k hold runs longer than

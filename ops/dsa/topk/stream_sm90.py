@@ -54,14 +54,18 @@ key equal to T is >= t_f, so the tie count is exact; keys below t_f are all belo
 the top. Otherwise (a misleading sample, or more than CAND scores at or above t_f) misc and the histogram are zeroed
 and the row runs passes A and B (two_pass_select), as with SAMPLE = 0. tests/test_topk_stream_select.py emulates it
 (sampled_select) on adversarial rows, including a row built to mislead the sample; tests/gpu/test_dsa_topk.py
-compares SAMPLE 1 and 0 bit for bit on rows that take each path. Which variants try it (one_read): the column order,
-and the score order for P <= SAMPLE_SCORE_MAX_P (512). H100 2026-12-06 12:13
+compares SAMPLE 1 and 0 bit for bit on rows that take each path. Which variants try it (one_read): every one since
+the "bucket" ordering of the selection (sort_sm90; 2026-12-06 13:30): SAMPLE_SCORE_MAX_P = 2048. Before it the score
+order took the one read only for P <= 512 (history below). H100 2026-12-06 13:30 (perf/topk_bucket_2026-12-06T1330_h100
+_ab.txt, bench/ab_topk.py, 32K rows, base 27f67d8 = the key network with that gating, same selections): the bucket
+ordering alone k 2048 score order 3.24 vs 3.62 ms, W 4K 1.82 vs 2.14, causal 3.18 vs 3.53, rounded 4.68 vs 5.58; with
+the one read at every P besides: k 2048 2.86 (0.79x), k 1024 2.25 vs 3.01, causal 2.69 (0.76x), rounded 4.79 (0.86x);
+test_dsa_topk 104 passed with SAMPLE_SCORE_MAX_P = 2048 (TOPK_KNOBS) in that call. H100 2026-12-06 12:13
 (perf/topk_one_read_2026-12-06T1213_h100_ab.txt, bench/ab_topk.py against the two passes, 32K rows, same
 selections): W 32K k 64 score order 1.71 vs 2.73 ms, column order k 2048 2.69 vs 3.24, k 64 1.78 vs 2.64, causal 2.48
 vs 3.15; but score order k 2048 3.75 vs 3.64 (the bitonic ordering of 2048, no longer hidden under other CTAs' second
 reads, bounds it) and rounded rows 1.03-1.08x; W 4K rows take the two passes. test_dsa_topk 90 passed, racecheck /
-memcheck clean on that H100 with the one read in every variant (11:55 and 12:13); the final gating itself (P > 512
-score order on the two passes) did not run as a whole file on a GPU.
+memcheck clean on that H100 with the one read in every variant (11:55 and 12:13).
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
@@ -119,11 +123,12 @@ class TopkStreamSm90(TopkSm90):
     STOP = None
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
     SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: no
-    SAMPLE_SCORE_MAX_P = 512     # ... in the score order only for P up to this (the ordering of 2048 is exposed there)
+    SAMPLE_SCORE_MAX_P = 2048    # ... in the score order only for P up to this (512 while the network ordered them)
 
     def one_read(self):
         """Whether this variant tries the one-read select: SAMPLE, in the column order always, in the score order for
-        P <= SAMPLE_SCORE_MAX_P (H100 A/B, 2026-12-06 12:13: k 64 0.63x the two passes' time, k 2048 1.03x)."""
+        P <= SAMPLE_SCORE_MAX_P (H100 A/B, 2026-12-06 13:30, bucket ordering: k 2048 0.88x the two passes' time, k 1024
+        0.76x; with the key network, 12:13: k 64 0.63x, k 2048 1.03x)."""
         return bool(self.SAMPLE) and (self.by_column or self.P <= self.SAMPLE_SCORE_MAX_P)
 
     @cute.jit
