@@ -23,7 +23,7 @@ def clz32(x):
     return 32 - u.bit_length()
 
 
-def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True):
+def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True, value_pass=True):
     """ks: int64 [n] signed keys (int32 values), cols: distinct columns. Returns the slot of each pair, or None when a
     bucket holds more than BUCKET_MAX pairs (the kernel's fallback)."""
     n = len(ks)
@@ -40,6 +40,16 @@ def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=Tru
     if n and (b.min() < 0 or b.max() >= NB):
         raise IndexError(f"bucket index {b.min()}..{b.max()} outside [0, {NB})")
     counts = np.bincount(b, minlength=NB) if n else np.zeros(NB, dtype=np.int64)
+    if counts.max() > BUCKET_MAX and value_pass:     # the second mapping: linear in the score value, in float32
+        half = np.float32(0.5)
+        fmax = float_of_ks(kmax) * half
+        span = np.float32(fmax - float_of_ks(kmin) * half)
+        scale = np.float32(NB - 1) / span if span > np.float32(1e-30) else np.float32(0)
+        with np.errstate(over="raise", invalid="raise"):
+            d = ((fmax - float_of_ks(ks) * half) * scale).astype(np.float32)
+        assert np.all(d >= 0), "a value bucket below 0"
+        b = np.minimum(d.astype(np.int64), NB - 1)   # cvt.rzi: truncation
+        counts = np.bincount(b, minlength=NB)
     if counts.max() > BUCKET_MAX:
         return None
     at = np.zeros(n, dtype=np.int64)
@@ -58,6 +68,13 @@ def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=Tru
         before = (u > ks[i]) if by_key_only else ((u > ks[i]) | ((u == ks[i]) & (c < cols[i])))
         slots[i] = first[b[i]] + int(before.sum())
     return slots
+
+
+def float_of_ks(ks):
+    """The float32 score of signed keys ks (the kernel's float_of_ks: the bits ks ^ ((ks >> 31) & 0x7FFFFFFF))."""
+    k = wrap32(np.asarray(ks, dtype=np.int64))
+    bits = np.where(k < 0, k ^ 0x7FFFFFFF, k)
+    return (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
 
 
 def expected_slots(ks, cols):
@@ -87,6 +104,10 @@ def cases(rng):
     out.append(("outlier", 2048, keys_of(x), rng.permutation(40000)[:2048]))
     x = (rng.standard_normal(2048) * 4000).round().astype(np.float32)
     out.append(("rounded", 2048, keys_of(x), rng.permutation(40000)[:2048]))
+    x = np.sort(rng.standard_normal(4096).astype(np.float32))[::-1][:2048]
+    out.append(("top half of 4096 (crosses zero)", 2048, keys_of(x), rng.permutation(4096)[:2048]))
+    x = np.array([3e38, -3e38, 1.0, -1.0, 0.0, 1e-45], dtype=np.float32)
+    out.append(("value span past float max", 32, keys_of(x), np.arange(6)))
     x = np.full(20, 1.5, dtype=np.float32)
     out.append(("one key, 20", 2048, keys_of(x), rng.permutation(100)[:20]))
     ks = wrap32(np.array([I32_MAX, I32_MIN + 1, 0, -1, 1, I32_MAX - 1, I32_MIN + 2]))
@@ -118,14 +139,19 @@ def test_bucket_sort_matches_stable_sort(seed):
 
 
 def test_randn_selections_never_fall_back():
-    """The common case: the top 2048 of a randn row of 32K (and the top 64 of one) fit in buckets of <= BUCKET_MAX."""
+    """The common cases fit in buckets of <= BUCKET_MAX: the top 2048 of a randn row of 32K (key-linear buckets),
+    the top half of a row of 4096 or most of one of 2500 (the selection crosses or nears zero: value-linear buckets),
+    the top 64, relu-like scores with a sink 1000 times the rest. (A sink in a selection that crosses zero defeats
+    both mappings: such a row takes the network.)"""
     rng = np.random.default_rng(7)
     for _ in range(50):
-        for P, n in ((2048, 2048), (64, 64), (1024, 1000)):
-            x = np.sort(rng.standard_normal(32768).astype(np.float32))[::-1][:n]
-            ks = keys_of(x)
-            slots = bucket_sort(ks, rng.permutation(32768)[:n], P, rng)
-            assert slots is not None
+        for P, n, W in ((2048, 2048, 32768), (64, 64, 32768), (1024, 1000, 32768), (2048, 2048, 4096),
+                        (2048, 2048, 2500)):
+            x = np.sort(rng.standard_normal(W).astype(np.float32))[::-1][:n]
+            assert bucket_sort(keys_of(x), rng.permutation(W)[:n], P, rng) is not None, (P, n, W)
+        x = np.sort(np.maximum(rng.standard_normal(32768), 0).astype(np.float32))[::-1][:2048]
+        x[0] = 1000.0 * x[1]                          # a sink: key-linear buckets (log-like) absorb it
+        assert bucket_sort(keys_of(x), rng.permutation(32768)[:2048], 2048, rng) is not None
 
 
 def test_long_run_falls_back():
@@ -153,3 +179,6 @@ def test_mutations_are_caught():
     assert broken(by_key_only=True)
     assert broken(fix_shift=False)
     assert broken(arrival=False)
+    rng = np.random.default_rng(5)
+    x = np.sort(rng.standard_normal(2500).astype(np.float32))[::-1][:2048]
+    assert bucket_sort(keys_of(x), np.arange(2048), 2048, rng, value_pass=False) is None     # key buckets alone fail

@@ -2,7 +2,8 @@
 kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at the threshold, lengths, rank 3, one
 row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
 k hold short runs of equal keys (the "bucket" ordering's atomic places and ranks; a run over BUCKET_MAX and an outlier
-send rows to the "key" ordering, whose atomic slots and in-place run sort run too, and a long run on to the pair
+send rows to the "key" ordering, selections that cross zero take its value-linear buckets (and with a sink the
+"key" ordering), whose atomic slots and in-place run sort run too, and a long run on to the pair
 network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
@@ -39,7 +40,9 @@ def main():
     fallback = torch.randn(2, 8192, device=dev)                 # the one-read select's fallbacks (TopkStreamSm90.SAMPLE)
     fallback[0] = 1.5                                           # more than 4096 candidates
     fallback[1, [((t * 2048) // 512) * 4 for t in range(0, 512, 2)]] = 100.0    # a misleading sample
-    for x in (s.reshape(6, 900), s2, crowded, runs, fallback):
+    cross = torch.randn(2, 2500, device=dev)                   # selections that cross zero: value-linear buckets,
+    cross[1, 5] = 1e6                                           # and with a sink: the network
+    for x in (s.reshape(6, 900), s2, crowded, runs, fallback, cross):
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):

@@ -155,8 +155,9 @@ def test_sort_paths(monkeypatch, k, sort):
     "regs"), "regs" (the pair network in registers / shuffles) and "smem" (the pair network in shared memory; every
     sort below P 512 but "bucket"): same indices as the stable sort, with ties (runs of 2..GROUP_MAX equal keys,
     exactly GROUP_MAX and GROUP_MAX + 1, BUCKET_MAX and BUCKET_MAX + 1, many equal keys, one key for a whole row,
-    -0.0 and +0.0), an outlier that squeezes every other key into a few buckets, padding, a row narrower than a
-    warp's keys and rows of 70000 columns."""
+    -0.0 and +0.0), an outlier that squeezes every other key into a few buckets, selections that cross zero (the
+    value-linear buckets; with a sink too: both mappings fail; of tiny scores), padding, a row narrower than a warp's
+    keys and rows of 70000 columns."""
     from ops.dsa.topk import fwd, sort_sm90
     monkeypatch.setattr(sort_sm90.SelectionSort, "SORT", sort)
     monkeypatch.setattr(fwd, "_CACHE", {})
@@ -176,6 +177,11 @@ def test_sort_paths(monkeypatch, k, sort):
     o[2, 3::900] = 7.0                                      # 37 equal keys spread (BUCKET_MAX + 5): the fallback
     o[3, :] = o[3, :] * 1e-40                               # denormal scores (ties among them)
     check(o, k)
+    z = torch.randn(3, 2500, device=DEV)                    # k 2048: selections that cross zero (value buckets)
+    z[1, 5] = 1e6                                           # ... with a sink: both bucket mappings fail
+    z[2, :] = z[2, :] * 1e-32                               # ... of tiny scores (a span under 1e-30: one bucket)
+    check(z, k)
+    check(torch.randn(2, 4096, device=DEV), k)              # the top half of a row of 4096
     s = (torch.randn(8, 3000, device=DEV) * 3).round()
     s[0, :] = 1.5
     s[1, 100:] = float("-inf")                              # fewer selectable than k: padding sorts last

@@ -15,8 +15,13 @@ Four ways (SORT), same output bits:
          thread holds its own in registers), and each pair's slot = its bucket's first slot + the pairs of its
          bucket that sort before it (larger key, or equal key and lower column: exact, whatever the arrival order).
          7 barriers and about 4 shared-memory accesses a pair plus two a bucket neighbour, against the 66-stage
-         network of "key". A bucket of more than BUCKET_MAX pairs (a run of equal keys, or a range stretched by an
-         outlier) is seen before anything moves and sends the row to "key" (P < NT: "smem"). tests/
+         network of "key". The key-linear buckets are log-like in the score (they absorb a sink far above the rest)
+         but waste most buckets on the binades near zero when the selection reaches or crosses zero (the top half of
+         a row of 4096: buckets of up to 80); when a bucket holds more than BUCKET_MAX the counts are redone with
+         buckets linear in the score value, d = (vmax / 2 - v / 2) (NB - 1) / (vmax / 2 - vmin / 2) truncated (halves:
+         no overflow; monotone in v, so still in key order; a span under 1e-30 gives one bucket), 3 barriers more.
+         A bucket of more than BUCKET_MAX with both (a run of equal keys, or a sink in a selection that crosses
+         zero) is seen before anything moves and sends the row to "key" (P < NT: "smem"). tests/
          test_topk_bucket_sort.py emulates the index logic on the CPU.
   "key"  (P >= NT): a bitonic network over the keys alone, then each pair's slot by rank. Keys are sorted
          descending with one max and one min per compare-exchange (every segment made descending by inverting the
@@ -39,8 +44,9 @@ Shared-memory handoffs: sel_u (exchange, then the sorted keys), sel_c (the colum
 bitmap), part (scan partials) and misc[7] (the long-run flag) are each read only after a CTA barrier that follows
 all their writers; each thread reads back only its own slots of sel_u before it overwrites them. "bucket": misc[2] /
 misc[3] (the range) are seeded before the barrier that precedes their atomics and read after the next (B1); the
-counts after B2; part and the too-big flag misc[7] after B3, and misc[7] is cleared for the fallback only after one
-more barrier; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
+counts after B2; part and the too-big flag misc[7] after B3, and misc[7] is cleared (for the value-linear counts or
+the fallback) only after one more barrier; the value-linear counts: buckets zeroed and the flag cleared after B3a,
+counted after B4a, read after B5a, part and the flag after B6a; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
 and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
 
 Status of "bucket" (H100 only, 2026-12-06 13:30, perf/topk_bucket_2026-12-06T1330_h100_*): tests/gpu/test_dsa_topk.py
@@ -66,7 +72,7 @@ PTX did not change when it was added.
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Float32, Int32
 
 from ...common.cta_scan import add_warps_before, warp_inclusive_scan
 
@@ -242,20 +248,33 @@ class SelectionSort:
                 at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
         cute.arch.sync_threads()                    # B2: every bucket's count complete
         mine = cute.make_rmem_tensor((BPT,), Int32)
-        total = Int32(0)
-        big = Int32(0)
-        for j in cutlass.range_constexpr(BPT):
-            mine[j] = cnt[tid * BPT + j]
-            total = total + mine[j]
-            big = big | Int32(cutlass.select_(mine[j] > BUCKET_MAX, Int32(1), Int32(0)))
-        if big != 0:
-            cute.arch.atomic_or(misc.iterator + 7, Int32(1))
-        incl = warp_inclusive_scan(total, lane)
-        if lane == 31:
-            part[warp] = incl
+        sc = cute.make_rmem_tensor((2,), Int32)     # (this thread's inclusive warp prefix, its buckets' total)
+        self.count_buckets(cnt, part, misc, mine, sc, tid, BPT)
         cute.arch.sync_threads()                    # B3: the warps' totals and the flag complete
+        if misc[7] != 0:
+            # key-linear buckets failed (the keys of a selection that crosses zero or reaches near it spread over
+            # many binades): buckets linear in the score value, from halves (no overflow), one pass more
+            cute.arch.sync_threads()                # B3a: every thread read the flag and its buckets
+            for j in cutlass.range_constexpr(BPT):
+                cnt[tid * BPT + j] = Int32(0)
+            if tid == 0:
+                misc[7] = Int32(0)
+            fmax = self.float_of_ks(kmax) * Float32(0.5)
+            span = fmax - self.float_of_ks(kmin) * Float32(0.5)
+            scale = Float32(cutlass.select_(span > Float32(1e-30), Float32(NB - 1) / span, Float32(0.0)))
+            cute.arch.sync_threads()                # B4a: buckets zeroed, the flag cleared
+            for r in cutlass.range_constexpr(E):
+                if tid * E + r < n_sel:
+                    d = (fmax - self.float_of_ks(ka[r]) * Float32(0.5)) * scale   # monotone in the key, >= 0
+                    bk[r] = cutlass.min(Int32(d), Int32(NB - 1))
+                    at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
+            cute.arch.sync_threads()                # B5a: every bucket's count complete
+            self.count_buckets(cnt, part, misc, mine, sc, tid, BPT)
+            cute.arch.sync_threads()                # B6a: the warps' totals and the flag complete
         too_big = misc[7] != 0
         if misc[7] == 0:
+            incl = sc[0]
+            total = sc[1]
             start = add_warps_before(incl - total, part, warp, NT // 32)
             for j in cutlass.range_constexpr(BPT):  # own buckets: counts -> first slots
                 cnt[tid * BPT + j] = start
@@ -284,6 +303,30 @@ class SelectionSort:
                     sel_c[bk[r]] = cc[r]
             cute.arch.sync_threads()                # B7: every column at its slot
         return too_big
+
+    @cute.jit
+    def count_buckets(self, cnt, part, misc, mine, sc, tid, BPT: cutlass.Constexpr):
+        """After the counts' barrier: this thread's buckets' counts into mine, sc = (its inclusive warp prefix of
+        their total, the total), the warp's total to part[warp], misc[7] |= 1 when one holds more than BUCKET_MAX."""
+        lane = tid % 32
+        total = Int32(0)
+        big = Int32(0)
+        for j in cutlass.range_constexpr(BPT):
+            mine[j] = cnt[tid * BPT + j]
+            total = total + mine[j]
+            big = big | Int32(cutlass.select_(mine[j] > BUCKET_MAX, Int32(1), Int32(0)))
+        if big != 0:
+            cute.arch.atomic_or(misc.iterator + 7, Int32(1))
+        incl = warp_inclusive_scan(total, lane)
+        if lane == 31:
+            part[tid // 32] = incl
+        sc[0] = incl
+        sc[1] = total
+
+    @cute.jit
+    def float_of_ks(self, ks):
+        """The score of signed key ks (key_of's order-preserving map inverted; its own inverse on the bits)."""
+        return (ks ^ ((ks >> 31) & 0x7FFFFFFF)).bitcast(Float32)
 
     # ---------------------------------------------------------------------------------------------- "key"
     @cute.jit
