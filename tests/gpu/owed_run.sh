@@ -6,9 +6,9 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 13:17-13:45, all on H100s (nvidia-h200 asked; the calls were placed on H100s): the whole suite
-# and all sanitizers passed at 13:17 on 27f67d8 (dense indexer backward at three consumers); test_dsa_topk and its
-# sanitizers with the bucket ordering at 13:28 and with the one read at every k since.
+# Last runs: 2026-12-06 13:17-14:08, all on H100s (the calls asked for nvidia-h200 or no kind and were placed on
+# H100s): the whole suite and all sanitizers passed at 13:17 on 27f67d8 (dense indexer backward at three consumers);
+# test_dsa_topk and its sanitizers with the bucket ordering at 13:28 and on the final top-k (75ef6b7) at 14:04.
 # Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"): no H200 has run the top-k's bucket
 # ordering, its one read in the score order at k > 512, or the dense indexer backward at three consumers.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)

@@ -49,11 +49,15 @@ the fallback) only after one more barrier; the value-linear counts: buckets zero
 counted after B4a, read after B5a, part and the flag after B6a; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
 and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
 
-Status of "bucket" (H100 only, 2026-12-06 13:30, perf/topk_bucket_2026-12-06T1330_h100_*): tests/gpu/test_dsa_topk.py
-104 passed (test_sort_paths: every ordering at k 64, 300, 1000, 2048 with runs of BUCKET_MAX and more, an outlier,
-denormal ties), racecheck 0 hazards, memcheck 0 errors (sanitize_dsa_topk: both fallbacks); ptxas 40 registers, no
-spills. bench/ab_topk.py, 32K rows, against the key network in the same run: score order k 2048 3.24 vs 3.62 ms, W 4K
-2.14 -> 1.82, causal 3.53 -> 3.18, rounded 5.58 -> 4.68, k 512 2.08 -> 1.95; column order unchanged (its bitmap).
+Status of "bucket" (H100 only; no H200 was to be had): 2026-12-06 13:30 (perf/topk_bucket_2026-12-06T1330_h100_*,
+key-linear buckets only) and 14:06 (perf/topk_bucket_2026-12-06T1405_h100_*, with the value-linear second count):
+tests/gpu/test_dsa_topk.py 104 passed both times (test_sort_paths: every ordering at k 64, 300, 1000, 2048 with runs
+of BUCKET_MAX and more, an outlier, denormal ties, selections that cross zero, with a sink, of tiny scores),
+racecheck 0 hazards, memcheck 0 errors (sanitize_dsa_topk: every fallback); ptxas 39 registers, no spills.
+bench/ab_topk.py, 32K rows, same run, base = the key network with the score order on two passes for k > 512: at
+14:06 with the one read at every k, score order k 2048 2.88 vs 3.62 ms, W 4K 1.29 vs 2.16 (1.82 at 13:30, before the
+value-linear count: its rows overflowed the key buckets), causal 2.62 vs 3.53, rounded 4.78 vs 5.59; column order
+unchanged (its bitmap).
 Status of "key" (H200, 2026-12-05, perf/topk_key_sort_2026-12-05T0341.txt): tests/gpu/test_dsa_topk.py 79 passed (every ordering,
 both kernels, runs of 2..GROUP_MAX, exactly GROUP_MAX and GROUP_MAX + 1 equal keys), racecheck 0 hazards, memcheck 0
 errors (sanitize_dsa_topk, with rows of short runs). 32K x 32K fp32, k 2048, streaming kernel, same run: "key" 3.77 ms

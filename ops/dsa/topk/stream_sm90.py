@@ -60,7 +60,9 @@ order took the one read only for P <= 512 (history below). H100 2026-12-06 13:30
 _ab.txt, bench/ab_topk.py, 32K rows, base 27f67d8 = the key network with that gating, same selections): the bucket
 ordering alone k 2048 score order 3.24 vs 3.62 ms, W 4K 1.82 vs 2.14, causal 3.18 vs 3.53, rounded 4.68 vs 5.58; with
 the one read at every P besides: k 2048 2.86 (0.79x), k 1024 2.25 vs 3.01, causal 2.69 (0.76x), rounded 4.79 (0.86x);
-test_dsa_topk 104 passed with SAMPLE_SCORE_MAX_P = 2048 (TOPK_KNOBS) in that call. H100 2026-12-06 12:13
+test_dsa_topk 104 passed with SAMPLE_SCORE_MAX_P = 2048 (TOPK_KNOBS) in that call, and as the default at 14:06 (H100,
+racecheck / memcheck clean; bench/dsa_indexer.py: top-k alone 2.82 ms against cuDNN frontend's 1.90, indexer + top-k
+32K 10.21 against 12.05). H100 2026-12-06 12:13
 (perf/topk_one_read_2026-12-06T1213_h100_ab.txt, bench/ab_topk.py against the two passes, 32K rows, same
 selections): W 32K k 64 score order 1.71 vs 2.73 ms, column order k 2048 2.69 vs 3.24, k 64 1.78 vs 2.64, causal 2.48
 vs 3.15; but score order k 2048 3.75 vs 3.64 (the bitonic ordering of 2048, no longer hidden under other CTAs' second
