@@ -15,6 +15,7 @@ Run (the base files must travel with the working tree):
   python bench/ab_topk.py [--rows N] [--iters N] [--first] [--knobs SPEC ...] [--extra-k K ...]   on the device
     (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 SORT=key --extra-k 512 1024: where the score order's one read
     pays; SORT is sort_sm90.SelectionSort's, a string knob)
+  python bench/ab_topk.py --prebuild [--knobs ...] [--extra-k ...]   here: the variants into the kernel store
   python bench/ab_topk.py --clean              here: remove the base files
 """
 import argparse
@@ -58,11 +59,11 @@ def same_selection(a, b):
     return bool((a.sort(dim=1).values == b.sort(dim=1).values).all())
 
 
-def run(a):
-    import torch
-    from ops.dsa.topk import fwd, stream_sm90
-    from ops.dsa.topk.fwd import topk_fwd
-    from timing import device_time
+def kernels_of(a):
+    """[(tag, kernel class)]: the base revision's, the working tree's, and the working tree's with each knob set (a
+    subclass named and placed like the class itself, so it traces to the key prebuild_knob_variants.py's setattr
+    form stores)."""
+    from ops.dsa.topk import stream_sm90
     if not os.path.exists(os.path.join(PKG, base_name("stream_sm90") + ".py")):
         sys.exit("no base kernel: run python bench/ab_topk.py --prepare REV here first")
     base = __import__(f"ops.dsa.topk.{base_name('stream_sm90')}", fromlist=["TopkStreamSm90"]).TopkStreamSm90
@@ -70,7 +71,38 @@ def run(a):
     kernels = [("base", base), ("current", cur)]
     for spec in a.knobs:      # the current kernel with class knobs set (a subclass: its own compiled variants)
         attrs = {kk: int(v) if v.lstrip("-").isdigit() else v for kk, v in (kv.split("=") for kv in spec.split(","))}
+        attrs["__module__"] = cur.__module__
         kernels.append((spec, type("TopkStreamSm90", (cur,), attrs)))
+    return kernels
+
+
+def prebuild(a):
+    """Compile every variant run() launches (each kernel, both orders, the rows' padded k) into the kernel store
+    (PADDLE_DSA_KERNEL_CACHE) without a GPU."""
+    from ops.dsa.topk import fwd, stream_sm90
+    from ops.dsa.topk.topk_sm90 import pad_k
+    cur = stream_sm90.TopkStreamSm90
+    ks = sorted({pad_k(k) for k in [2048, 64] + list(a.extra_k)})
+    try:
+        for tag, cls in kernels_of(a):
+            stream_sm90.TopkStreamSm90 = cls
+            for p in ks:
+                for col in (False, True):
+                    fwd._CACHE.clear()
+                    fwd.compile_variant(fwd.variant_key(p, False, False, True, col))
+                    print(f"prebuilt {tag} P {p} {'column' if col else 'score'}", flush=True)
+    finally:
+        stream_sm90.TopkStreamSm90 = cur
+        fwd._CACHE.clear()
+
+
+def run(a):
+    import torch
+    from ops.dsa.topk import fwd, stream_sm90
+    from ops.dsa.topk.fwd import topk_fwd
+    from timing import device_time
+    cur = stream_sm90.TopkStreamSm90
+    kernels = kernels_of(a)
     from topk_breakdown import topk_cases
     R = a.rows
     st = torch.cuda.current_stream().cuda_stream
@@ -116,8 +148,12 @@ if __name__ == "__main__":
     p.add_argument("--knobs", nargs="*", default=[],
                    help='the current kernel also with class knobs, e.g. "SAMPLE_SCORE_MAX_P=2048" "SAMPLE=0" "SORT=key"')
     p.add_argument("--extra-k", nargs="*", type=int, default=[], help="more randn W 32K rows at these k")
+    p.add_argument("--prebuild", action="store_true", help="compile the variants a run launches into the kernel "
+                   "store (PADDLE_DSA_KERNEL_CACHE), no GPU")
     a = p.parse_args()
-    if a.prepare:
+    if a.prebuild:
+        prebuild(a)
+    elif a.prepare:
         prepare(a.prepare)
     elif a.clean:
         clean()

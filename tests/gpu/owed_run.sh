@@ -4,7 +4,7 @@
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
-# bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-06 13:17-14:08, all on H100s (the calls asked for nvidia-h200 or no kind and were placed on
 # H100s): the whole suite and all sanitizers passed at 13:17 on 27f67d8 (dense indexer backward at three consumers);
@@ -87,6 +87,30 @@ if step "ncu of the top-k" 90 ncu_topk; then
     --rows 8192 2>&1 | head -60 > "$OUT/p_topk.txt"
   head -30 "$OUT/p_topk.txt"
 fi
+if step "top-k knob trial" 100 topk_trial; then
+  # bench/ab_topk.py (base: the untracked _ab_base_* files of --prepare) with AB_TOPK_KNOBS, the stopped launches
+  # (--stages), then test_dsa_topk and its sanitizers once a knob set of TOPK_TRIALS (';' between sets; the
+  # sanitizers with TOPK_SAN_EXTRA appended, e.g. a knob that makes the small configs reach a code path)
+  { timeout $(($(left) - 5)) python3 bench/ab_topk.py --knobs ${AB_TOPK_KNOBS:-}
+    timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --stages --no-cached; } 2>&1 | grep -v Warn \
+    > "$OUT/ab_topk.txt"
+  tail -16 "$OUT/ab_topk.txt"
+  IFS=';' read -ra trials <<< "${TOPK_TRIALS:-}"
+  n=0
+  for kn in "${trials[@]}"; do
+    n=$((n + 1))
+    [ "$(left)" -lt 90 ] && { echo "trial $kn skipped: $(left) s left"; continue; }
+    TOPK_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_dsa_topk.py \
+      > "$OUT/trial$n.log" 2>&1
+    echo "test_dsa_topk TOPK_KNOBS=$kn rc=$? $(tail -1 "$OUT/trial$n.log")"
+    for tool in racecheck memcheck; do
+      [ "$(left)" -lt 40 ] && { echo "sanitize $tool skipped"; continue; }
+      TOPK_KNOBS="$kn${TOPK_SAN_EXTRA:+,$TOPK_SAN_EXTRA}" timeout 60 compute-sanitizer --tool $tool \
+        --error-exitcode 9 python3 tests/gpu/sanitize_dsa_topk.py > "$OUT/trial${n}_$tool.log" 2>&1
+      echo "sanitize $tool TOPK_KNOBS=$kn rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/trial${n}_$tool.log" | tail -1)"
+    done
+  done
+fi
 if step "indexer bench rows" 40 bench_rows; then
   IFS=';' read -ra rows <<< "${BENCH_ROWS:-sparse idx rec}"       # row substrings, ';' between them
   timeout $(($(left) - 5)) python3 bench/dsa_indexer.py --rows "${rows[@]}" > "$OUT/bench_rows.txt" 2>&1
@@ -105,4 +129,4 @@ done | tee "$OUT/0_summary.txt"
 # a call brings back the first 8 files of $OUT by name: the summary, the sweeps, the benches and the profiles'
 # summaries (p_*.txt); logs, ncu reports and SASS pages go under z/
 mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT"/*_ncu*.txt "$OUT"/*_sass.* \
-  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT/z/" 2>/dev/null
+  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null

@@ -107,6 +107,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ...common.cta_scan import warp_inclusive_scan
+from ...common.l2_prefetch import prefetch_l2_bulk
 from .topk_sm90 import BINS0, CAND, NT, SHIFT0, SIGN, TopkSm90
 
 V = 4                        # fp32 columns per 16-byte vector load (append_tile's column arithmetic assumes 4)
@@ -126,6 +127,14 @@ class TopkStreamSm90(TopkSm90):
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
     SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: no
     SAMPLE_SCORE_MAX_P = 2048    # ... in the score order only for P up to this (512 while the network ordered them)
+    # L2 prefetch (on trial, 2026-12-06; prefetch_l2_bulk): the row's first L2_START tiles are asked into L2 at the
+    # start; each tile of the first read asks for the tile L2_AHEAD ahead; L2_NEXT_TILES tiles of row
+    # row + L2_NEXT_ROW (the row a CTA started after this one ends is likely to take: 132 SMs x MIN_BLOCKS) are asked
+    # for once this row's read is done, to be in L2 when that CTA starts (0: none of each)
+    L2_START = 0
+    L2_AHEAD = 0
+    L2_NEXT_TILES = 0
+    L2_NEXT_ROW = 396
 
     def one_read(self):
         """Whether this variant tries the one-read select: SAMPLE, in the column order always, in the score order for
@@ -195,6 +204,11 @@ class TopkStreamSm90(TopkSm90):
         else:
             take_all, t_u, need, eq, use_cand = self.two_pass_select(gS, width, k, ku, hist, part, misc, sel_u,
                                                                      sel_c, cand_u, cand_c, tid, lane, warp)
+        if cutlass.const_expr(self.L2_NEXT_TILES > 0):
+            nrow = row + self.L2_NEXT_ROW
+            if warp == 0 and nrow < self.n_rows(mS):
+                gN, _, width_n = self.row_of(mS, mOut, mLen, nrow)
+                self.prefetch_tiles(gN, width_n, lane, lane < self.L2_NEXT_TILES)
         if cutlass.const_expr(self.STOP == "A"):
             self.stop_here(gOut, misc, tid)
             return
@@ -231,6 +245,7 @@ class TopkStreamSm90(TopkSm90):
         # ---- A. keys, selectable count, pass-0 histogram
         n_ok = Int32(0)
         for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
+            self.prefetch_ahead(gS, t0, width, tid)
             self.load_keys(gS, t0, width, tid, ku, raw=True)
             for e in cutlass.range_constexpr(self.U * V):       # every score, finite or not: no branch
                 cute.arch.atomic_add(hist.iterator + self.digit0(ku[e]), Int32(1))
@@ -306,6 +321,9 @@ class TopkStreamSm90(TopkSm90):
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
             base = (tid * (width // V)) // NT      # a vector index below width // V (width > CAND > NT V)
             cute.copy(atom, cute.local_tile(gS, (V,), (base,)), su)
+            if cutlass.const_expr(self.L2_START > 0):
+                if tid == 0:
+                    self.prefetch_span(gS, Int32(0), width, self.L2_START)
             n_s = Int32(0)
             for e in cutlass.range_constexpr(V):
                 u = self.key_of(su[e])
@@ -341,6 +359,7 @@ class TopkStreamSm90(TopkSm90):
             misc[6] = Int32(0)
         cute.arch.sync_threads()
         for t0 in cutlass.range(0, Int32(cutlass.select_(eligible, width, Int32(0))), NT * V * self.U, unroll=1):
+            self.prefetch_ahead(gS, t0, width, tid)
             self.load_keys(gS, t0, width, tid, ku, raw=True)
             self.append_above(ku, t0, tid, lane, t_f, cand_u, cand_c, misc)
         cute.arch.sync_threads()                    # every append and the fill complete
@@ -401,6 +420,29 @@ class TopkStreamSm90(TopkSm90):
                 cand_u[pc] = self.key_bits(v.bitcast(Float32))       # finite: key_bits is key_of
                 cand_c[pc] = cbase + (e >> 2) * (NT * V) + (e & 3)
             pc += 1
+
+    @cute.jit
+    def prefetch_span(self, gRow, c0, width, tiles: cutlass.Constexpr = 1):
+        """L2 prefetch of `tiles` tiles of a row from column c0 (NT x V x U columns a tile, up to the last whole
+        16-byte vector below width; nothing when c0 >= width): one instruction, nothing to wait for."""
+        span = NT * V * self.U * tiles
+        if c0 < width:
+            nb = (cutlass.min(width - c0, span) // V) * (V * 4)
+            if nb > 0:
+                prefetch_l2_bulk((gRow.iterator + c0).toint(), nb)
+
+    @cute.jit
+    def prefetch_tiles(self, gRow, width, lane, active):
+        """Lanes of one warp with `active` ask for the row's tile `lane` (tiles 0, 1, ... from the row's start)."""
+        if active:
+            self.prefetch_span(gRow, lane * (NT * V * self.U), width)
+
+    @cute.jit
+    def prefetch_ahead(self, gRow, t0, width, tid):
+        """L2_AHEAD: at the tile starting at column t0, thread 0 asks for the tile L2_AHEAD tiles ahead."""
+        if cutlass.const_expr(self.L2_AHEAD > 0):
+            if tid == 0:
+                self.prefetch_span(gRow, t0 + self.L2_AHEAD * (NT * V * self.U), width)
 
     @cute.jit
     def stop_here(self, gOut, misc, tid):
