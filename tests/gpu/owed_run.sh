@@ -90,9 +90,11 @@ fi
 if step "top-k knob trial" 100 topk_trial; then
   # bench/ab_topk.py (base: the untracked _ab_base_* files of --prepare) with AB_TOPK_KNOBS, the stopped launches
   # (--stages), then test_dsa_topk and its sanitizers once a knob set of TOPK_TRIALS (';' between sets; the
-  # sanitizers with TOPK_SAN_EXTRA appended, e.g. a knob that makes the small configs reach a code path)
+  # sanitizers with TOPK_SAN_EXTRA appended, e.g. a knob that makes the small configs reach a code path); TOPK_STAGES=0
+  # leaves --stages out
   { timeout $(($(left) - 5)) python3 bench/ab_topk.py --knobs ${AB_TOPK_KNOBS:-}
-    timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --stages --no-cached; } 2>&1 | grep -v Warn \
+    [ "${TOPK_STAGES:-1}" = 1 ] && timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --stages --no-cached
+  } 2>&1 | grep -v Warn \
     > "$OUT/ab_topk.txt"
   tail -16 "$OUT/ab_topk.txt"
   IFS=';' read -ra trials <<< "${TOPK_TRIALS:-}"

@@ -7,7 +7,7 @@ send rows to the "key" ordering, selections that cross zero take its value-linea
 network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
-non-zero if any output element is left unwritten (-7). TOPK_KNOBS="NAME=INT,...": TopkStreamSm90 knobs on trial."""
+non-zero if any output element is left unwritten (-7). TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial (ints or strings)."""
 import os
 import sys
 
@@ -25,7 +25,7 @@ def main():
     for spec in filter(None, os.environ.get("TOPK_KNOBS", "").split(",")):    # knobs on trial, as test_dsa_topk
         name, value = spec.split("=")
         assert hasattr(stream_sm90.TopkStreamSm90, name), f"TOPK_KNOBS: no knob {name}"
-        setattr(stream_sm90.TopkStreamSm90, name, int(value))
+        setattr(stream_sm90.TopkStreamSm90, name, int(value) if value.lstrip("-").isdigit() else value)
     torch.manual_seed(0)
     dev = "cuda"
     stream = torch.cuda.current_stream().cuda_stream

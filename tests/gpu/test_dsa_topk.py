@@ -3,7 +3,7 @@ score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUA
 descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
 with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
 take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
-Run: python -m pytest -q tests/gpu/test_dsa_topk.py   (TOPK_KNOBS="NAME=INT,...": TopkStreamSm90 knobs on trial)
+Run: python -m pytest -q tests/gpu/test_dsa_topk.py   (TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial, ints or strings)
 """
 import os
 import sys
@@ -35,7 +35,7 @@ def kernel(request, monkeypatch):
     for spec in filter(None, os.environ.get("TOPK_KNOBS", "").split(",")):    # knobs on trial, e.g. SAMPLE=0
         name, value = spec.split("=")
         assert hasattr(stream_sm90.TopkStreamSm90, name), f"TOPK_KNOBS: no knob {name}"
-        monkeypatch.setattr(stream_sm90.TopkStreamSm90, name, int(value))
+        monkeypatch.setattr(stream_sm90.TopkStreamSm90, name, int(value) if value.lstrip("-").isdigit() else value)
     return request.param
 
 

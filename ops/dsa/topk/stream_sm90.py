@@ -131,8 +131,14 @@ class TopkStreamSm90(TopkSm90):
     # start; each tile of the first read asks for the tile L2_AHEAD ahead; L2_NEXT_TILES tiles of row
     # row + L2_NEXT_ROW (the row a CTA started after this one ends is likely to take: 132 SMs x MIN_BLOCKS) are asked
     # for once this row's read is done, to be in L2 when that CTA starts (0: none of each)
-    L2_START = 0
-    L2_AHEAD = 0
+    L2_START = 2
+    L2_AHEAD = 2
+    # the one read's appends (on trial, 2026-12-06): "scan" (a warp scan of the counts, then one iteration a set bit of
+    # the busiest lane, each picking its entry by a select chain and forming its key) or "ballot" (one ballot an entry
+    # slot e of the U x V: the raw bits stored straight from register e, keys formed after the read, to_keys)
+    APPEND = "scan"
+    # the sample's rank j (on trial): 0 = m + m / 2 + 10; s > 0 = m + s sqrt(m) + 2 (s standard deviations)
+    SAMPLE_SIGMA = 0
     L2_NEXT_TILES = 0
     L2_NEXT_ROW = 396
 
@@ -335,6 +341,8 @@ class TopkStreamSm90(TopkSm90):
             cute.arch.sync_threads()                # the sample's histogram and count complete
             m = (k * (NT * V)) // width
             j = m + (m >> 1) + 10
+            if cutlass.const_expr(self.SAMPLE_SIGMA > 0):
+                j = m + Int32(Float32(self.SAMPLE_SIGMA) * cute.math.sqrt(Float32(m))) + 2
             t_all = j > misc[0]
             if not t_all:
                 self.pick_digit(hist, part, misc, j, BINS0, tid, lane, warp)
@@ -365,6 +373,10 @@ class TopkStreamSm90(TopkSm90):
         cute.arch.sync_threads()                    # every append and the fill complete
         n_above = misc[6]
         fast = eligible and n_above <= CAND and (n_above >= k or t_all)
+        if cutlass.const_expr(self.APPEND == "ballot"):
+            if fast:                                # raw bits -> keys, each thread its own slots i = tid mod NT: every
+                for i in cutlass.range(tid, n_above, NT, unroll=1):      # later reader of cand_u reads only those,
+                    cand_u[i] = self.key_bits(Int32(cand_u[i]).bitcast(Float32))   # or after a barrier
         take_all = n_above <= k
         t_u = Int32(1)           # below every selectable key: take all
         need = Int32(0)
@@ -401,6 +413,9 @@ class TopkStreamSm90(TopkSm90):
             x = ku[e].bitcast(Float32)
             if x >= t_f and x < Float32(float("inf")):
                 m = m | Int32(1 << e)
+        if cutlass.const_expr(self.APPEND == "ballot"):
+            self.append_by_ballot(ku, m, t0, tid, lane, cand_u, cand_c, misc)
+            return
         cnt = cute.arch.popc(m)
         incl = warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
@@ -443,6 +458,30 @@ class TopkStreamSm90(TopkSm90):
         if cutlass.const_expr(self.L2_AHEAD > 0):
             if tid == 0:
                 self.prefetch_span(gRow, t0 + self.L2_AHEAD * (NT * V * self.U), width)
+
+    @cute.jit
+    def append_by_ballot(self, ku, m, t0, tid, lane, cand_u, cand_c, misc):
+        """APPEND "ballot": append_above's appends of mask m (bit e: entry e). The warp's total (one redux) takes one
+        atomic on misc[6]; then for each entry slot e a ballot of the lanes that append entry e gives each its place
+        (base + entries of earlier slots + lower lanes of this slot), a slot no lane appends costs its ballot and a
+        warp-uniform branch. The raw bits are stored (finite: the compares passed), keys are formed after the read
+        (sampled_select). Entries past CAND are counted, not written. Called by all 32 lanes (warp-uniform)."""
+        total = cute.arch.warp_redux_sync(cute.arch.popc(m), "add")
+        base = Int32(0)
+        if lane == 0 and total != 0:
+            base = cute.arch.atomic_add(misc.iterator + 6, total)
+        pos = cute.arch.shuffle_sync(base, 0)
+        below = cute.arch.lanemask_lt()
+        cbase = t0 + tid * V
+        for e in cutlass.range_constexpr(self.U * V):
+            b = cute.arch.vote_ballot_sync((m & Int32(1 << e)) != 0)
+            if b != 0:
+                if (m & Int32(1 << e)) != 0:
+                    p = pos + cute.arch.popc(b & below)
+                    if p < CAND:
+                        cand_u[p] = ku[e]
+                        cand_c[p] = cbase + (e // V) * (NT * V) + e % V
+                pos += cute.arch.popc(b)
 
     @cute.jit
     def stop_here(self, gOut, misc, tid):
