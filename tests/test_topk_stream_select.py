@@ -142,9 +142,9 @@ def radix_from(cu, prefix, remaining, passes=range(1, 4)):
     return prefix, remaining, eq
 
 
-def sampled_select(row, k, width=None, mut=None):
+def sampled_select(row, k, width=None, mut=None, sigma=0):
     """TopkStreamSm90.sampled_select (SAMPLE): (fast, selected columns); fast False: the kernel runs the two passes
-    (stream_select) instead (always for W <= CAND). mut names one deliberate defect."""
+    (stream_select) instead (always for W <= CAND). mut names one deliberate defect; sigma: SAMPLE_SIGMA."""
     width = len(row) if width is None else width
     if width <= CAND:
         return False, None          # rows that fit in the candidates take the two passes
@@ -156,6 +156,8 @@ def sampled_select(row, k, width=None, mut=None):
     su = su[su != 0]
     m = (k * NT * V) // width
     j = m + (m >> 1) + 10
+    if sigma > 0:
+        j = m + int(np.float32(sigma) * np.sqrt(np.float32(m))) + 2
     t_all = j > len(su)
     if not t_all:
         d_s, r_s, _ = pick(np.bincount((su >> SHIFT0).astype(np.int64), minlength=BINS0), j)
@@ -292,11 +294,12 @@ MUST_BE_FAST = {("randn", 32768, 2048), ("randn", 32768, 64), ("scaled", 32768, 
                 ("randn", 9000, 300), ("randn", 4097, 2048)}
 
 
+@pytest.mark.parametrize("sigma", [0, 4])
 @pytest.mark.parametrize("kind,w,k", SAMPLED_CASES)
-def test_sampled_selection_equals_reference(kind, w, k):
+def test_sampled_selection_equals_reference(kind, w, k, sigma):
     rng = np.random.default_rng([w, k, len(kind), 7])
     row = draw_sampled(rng, kind, w)
-    fast, got = sampled_select(row, k)
+    fast, got = sampled_select(row, k, sigma=sigma)
     if (kind, w, k) in MUST_BE_FAST:
         assert fast, "a common row fell back to the two passes"
     if kind == "trap":

@@ -7,7 +7,8 @@ send rows to the "key" ordering, selections that cross zero take its value-linea
 network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
-non-zero if any output element is left unwritten (-7). TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial (ints or strings)."""
+non-zero if any output element is left unwritten (-7). TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial
+(ints or strings)."""
 import os
 import sys
 

@@ -3,7 +3,8 @@ score, ties lower column first, -0.0 == +0.0), so the kernel's indices must EQUA
 descending sort of the selectable scores (finite, within the row's length), -1 past their count. out is poisoned
 with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
 take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
-Run: python -m pytest -q tests/gpu/test_dsa_topk.py   (TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial, ints or strings)
+Run: python -m pytest -q tests/gpu/test_dsa_topk.py
+   (TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial, ints or strings)
 """
 import os
 import sys

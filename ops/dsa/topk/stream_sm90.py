@@ -68,6 +68,23 @@ selections): W 32K k 64 score order 1.71 vs 2.73 ms, column order k 2048 2.69 vs
 vs 3.15; but score order k 2048 3.75 vs 3.64 (the bitonic ordering of 2048, no longer hidden under other CTAs' second
 reads, bounds it) and rounded rows 1.03-1.08x; W 4K rows take the two passes. test_dsa_topk 90 passed, racecheck /
 memcheck clean on that H100 with the one read in every variant (11:55 and 12:13).
+L2 prefetch (L2_START = L2_AHEAD = 2, the default since 2026-12-06 16:10; ops/common/l2_prefetch.py). Thread 0 asks
+the TMA unit for the row's first two tiles (32 KiB) into L2 as the sample is read, and at each tile of a read loop for
+the tile two ahead: one instruction a tile, no shared memory, nothing to wait for, so a thread's two 16-byte loads a
+tile mostly hit L2. Where the row's time goes (H100, 15:49, perf/topk_l2_2026-12-06T1549_h100_*; 32K rows of 32K, k
+2048): the one read with the threshold and the candidates' radix passes 2.16 ms of 2.88 (bench/topk_breakdown.py
+--stages), the gather 0.19, the bucket ordering 0.53 (the bitmap of the column order 0.34). ncu (8192 rows): 61.6 K
+warp instructions a row, issue-bound rather than DRAM-bound (1.35 TB/s, SM 68 %, a warp eligible 68 % of cycles); the
+one read's append loop (one iteration a set bit of the busiest lane, a select chain to pick the entry) is 22 % of
+them, the tile loads, compares and warp scan 20 %, the candidates' four histogram passes 17 %. Same-run A/B on that
+H100 (bench/ab_topk.py against 186f3ee, 15:49 and 16:10): W 32K k 2048 score order 2.82 vs 2.88 ms, k 64 0.95x,
+causal 0.97x, rounded 0.99x, column order 0.95-0.97x, W 4K 1.0x (one tile a row). Tried, slower, removed: the whole row
+at the start (k 64 1.25x: 396 rows of 128 KiB in flight overflow L2), and the head of the row the next CTA on the SM
+is likely to take (row + 132 x 3) once this row's read ends (1.02-1.30x); an "APPEND ballot" form of append_above
+(one ballot an entry slot, raw bits stored straight from their register, keys formed after the read: fewer
+instructions on paper, 1.00-1.04x the time). On trial: SAMPLE_SIGMA = 4 (the sample's rank at 4 standard deviations:
+2775 candidates a row of randn instead of 3255 in the NumPy emulation, none below k in 300 rows): 0.97x the time of
+the default on every W 32K row (16:10), selections equal; not yet through test_dsa_topk on a GPU, so not the default.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
@@ -127,20 +144,13 @@ class TopkStreamSm90(TopkSm90):
     MIN_BLOCKS = 3               # CTAs an SM the registers are capped for (3: 42 registers, 3 x 56 KiB of smem)
     SAMPLE = 1                   # 1: the one-read select above a sampled threshold first (sampled_select); 0: no
     SAMPLE_SCORE_MAX_P = 2048    # ... in the score order only for P up to this (512 while the network ordered them)
-    # L2 prefetch (on trial, 2026-12-06; prefetch_l2_bulk): the row's first L2_START tiles are asked into L2 at the
-    # start; each tile of the first read asks for the tile L2_AHEAD ahead; L2_NEXT_TILES tiles of row
-    # row + L2_NEXT_ROW (the row a CTA started after this one ends is likely to take: 132 SMs x MIN_BLOCKS) are asked
-    # for once this row's read is done, to be in L2 when that CTA starts (0: none of each)
+    # L2 prefetch (prefetch_l2_bulk; module docstring "L2 prefetch"): the row's first L2_START tiles are asked into L2
+    # as the sample is read, and each tile of a read loop (the one read, pass A) asks for the tile L2_AHEAD ahead
     L2_START = 2
     L2_AHEAD = 2
-    # the one read's appends (on trial, 2026-12-06): "scan" (a warp scan of the counts, then one iteration a set bit of
-    # the busiest lane, each picking its entry by a select chain and forming its key) or "ballot" (one ballot an entry
-    # slot e of the U x V: the raw bits stored straight from register e, keys formed after the read, to_keys)
-    APPEND = "scan"
-    # the sample's rank j (on trial): 0 = m + m / 2 + 10; s > 0 = m + s sqrt(m) + 2 (s standard deviations)
+    # the sample's rank j (on trial): 0 = m + m / 2 + 10; s > 0 = m + s sqrt(m) + 2 (s standard deviations; 4: 0.97x
+    # the time on the H100 at 16:10, module docstring, not yet through test_dsa_topk on a GPU)
     SAMPLE_SIGMA = 0
-    L2_NEXT_TILES = 0
-    L2_NEXT_ROW = 396
 
     def one_read(self):
         """Whether this variant tries the one-read select: SAMPLE, in the column order always, in the score order for
@@ -210,11 +220,6 @@ class TopkStreamSm90(TopkSm90):
         else:
             take_all, t_u, need, eq, use_cand = self.two_pass_select(gS, width, k, ku, hist, part, misc, sel_u,
                                                                      sel_c, cand_u, cand_c, tid, lane, warp)
-        if cutlass.const_expr(self.L2_NEXT_TILES > 0):
-            nrow = row + self.L2_NEXT_ROW
-            if warp == 0 and nrow < self.n_rows(mS):
-                gN, _, width_n = self.row_of(mS, mOut, mLen, nrow)
-                self.prefetch_tiles(gN, width_n, lane, lane < self.L2_NEXT_TILES)
         if cutlass.const_expr(self.STOP == "A"):
             self.stop_here(gOut, misc, tid)
             return
@@ -373,10 +378,6 @@ class TopkStreamSm90(TopkSm90):
         cute.arch.sync_threads()                    # every append and the fill complete
         n_above = misc[6]
         fast = eligible and n_above <= CAND and (n_above >= k or t_all)
-        if cutlass.const_expr(self.APPEND == "ballot"):
-            if fast:                                # raw bits -> keys, each thread its own slots i = tid mod NT: every
-                for i in cutlass.range(tid, n_above, NT, unroll=1):      # later reader of cand_u reads only those,
-                    cand_u[i] = self.key_bits(Int32(cand_u[i]).bitcast(Float32))   # or after a barrier
         take_all = n_above <= k
         t_u = Int32(1)           # below every selectable key: take all
         need = Int32(0)
@@ -413,9 +414,6 @@ class TopkStreamSm90(TopkSm90):
             x = ku[e].bitcast(Float32)
             if x >= t_f and x < Float32(float("inf")):
                 m = m | Int32(1 << e)
-        if cutlass.const_expr(self.APPEND == "ballot"):
-            self.append_by_ballot(ku, m, t0, tid, lane, cand_u, cand_c, misc)
-            return
         cnt = cute.arch.popc(m)
         incl = warp_inclusive_scan(cnt, lane)
         total = cute.arch.shuffle_sync(incl, 31)
@@ -447,41 +445,11 @@ class TopkStreamSm90(TopkSm90):
                 prefetch_l2_bulk((gRow.iterator + c0).toint(), nb)
 
     @cute.jit
-    def prefetch_tiles(self, gRow, width, lane, active):
-        """Lanes of one warp with `active` ask for the row's tile `lane` (tiles 0, 1, ... from the row's start)."""
-        if active:
-            self.prefetch_span(gRow, lane * (NT * V * self.U), width)
-
-    @cute.jit
     def prefetch_ahead(self, gRow, t0, width, tid):
         """L2_AHEAD: at the tile starting at column t0, thread 0 asks for the tile L2_AHEAD tiles ahead."""
         if cutlass.const_expr(self.L2_AHEAD > 0):
             if tid == 0:
                 self.prefetch_span(gRow, t0 + self.L2_AHEAD * (NT * V * self.U), width)
-
-    @cute.jit
-    def append_by_ballot(self, ku, m, t0, tid, lane, cand_u, cand_c, misc):
-        """APPEND "ballot": append_above's appends of mask m (bit e: entry e). The warp's total (one redux) takes one
-        atomic on misc[6]; then for each entry slot e a ballot of the lanes that append entry e gives each its place
-        (base + entries of earlier slots + lower lanes of this slot), a slot no lane appends costs its ballot and a
-        warp-uniform branch. The raw bits are stored (finite: the compares passed), keys are formed after the read
-        (sampled_select). Entries past CAND are counted, not written. Called by all 32 lanes (warp-uniform)."""
-        total = cute.arch.warp_redux_sync(cute.arch.popc(m), "add")
-        base = Int32(0)
-        if lane == 0 and total != 0:
-            base = cute.arch.atomic_add(misc.iterator + 6, total)
-        pos = cute.arch.shuffle_sync(base, 0)
-        below = cute.arch.lanemask_lt()
-        cbase = t0 + tid * V
-        for e in cutlass.range_constexpr(self.U * V):
-            b = cute.arch.vote_ballot_sync((m & Int32(1 << e)) != 0)
-            if b != 0:
-                if (m & Int32(1 << e)) != 0:
-                    p = pos + cute.arch.popc(b & below)
-                    if p < CAND:
-                        cand_u[p] = ku[e]
-                        cand_c[p] = cbase + (e // V) * (NT * V) + e % V
-                pos += cute.arch.popc(b)
 
     @cute.jit
     def stop_here(self, gOut, misc, tid):
