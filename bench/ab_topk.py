@@ -14,7 +14,7 @@ Run (the base files must travel with the working tree):
   python bench/ab_topk.py --prepare REV        here: ops/dsa/topk/_ab_base_{stream,topk,sort}_sm90.py from REV
   python bench/ab_topk.py [--rows N] [--iters N] [--first] [--knobs SPEC ...] [--extra-k K ...]   on the device
     (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 SORT=key --extra-k 512 1024: where the score order's one read
-    pays; SORT is sort_sm90.SelectionSort's, a string knob)
+    pays; SORT is sort_sm90.SelectionSort's, a string knob; REFINE_DIGITS=11:10, a tuple: ops.common.switches.knob_value)
   python bench/ab_topk.py --prebuild [--knobs ...] [--extra-k ...]   here: the variants into the kernel store
   python bench/ab_topk.py --clean              here: remove the base files
 """
@@ -63,6 +63,7 @@ def kernels_of(a):
     """[(tag, kernel class)]: the base revision's, the working tree's, and the working tree's with each knob set (a
     subclass named and placed like the class itself, so it traces to the key prebuild_knob_variants.py's setattr
     form stores)."""
+    from ops.common.switches import knob_specs
     from ops.dsa.topk import stream_sm90
     if not os.path.exists(os.path.join(PKG, base_name("stream_sm90") + ".py")):
         sys.exit("no base kernel: run python bench/ab_topk.py --prepare REV here first")
@@ -70,7 +71,7 @@ def kernels_of(a):
     cur = stream_sm90.TopkStreamSm90
     kernels = [("base", base), ("current", cur)]
     for spec in a.knobs:      # the current kernel with class knobs set (a subclass: its own compiled variants)
-        attrs = {kk: int(v) if v.lstrip("-").isdigit() else v for kk, v in (kv.split("=") for kv in spec.split(","))}
+        attrs = knob_specs(spec)
         attrs["__module__"] = cur.__module__
         kernels.append((spec, type("TopkStreamSm90", (cur,), attrs)))
     return kernels

@@ -129,22 +129,24 @@ def key_of(x):
     return np.where(np.isfinite(x), key_bits(x), np.int32(0)).astype(np.int32)
 
 
-def radix_from(cu, prefix, remaining, passes=range(1, 4)):
-    """Radix passes (7-bit digits below the 11-bit first one) over unsigned keys cu matching prefix: (T, remaining,
-    eq)."""
+def radix_from(cu, prefix, remaining, digits=(7, 7, 7)):
+    """Radix passes over unsigned keys cu matching prefix, one a digit of `digits` (bits, from the top, below the
+    11-bit first one: TopkSm90.REFINE_DIGITS): (T, remaining, eq)."""
     eq = None
-    for ps in passes:
-        shift = SHIFT0 - 7 * ps
-        match = ((cu ^ prefix) >> (shift + 7)) == 0
-        h = np.bincount(((cu[match] >> shift) & 127).astype(np.int64), minlength=128)
+    shift = SHIFT0
+    for bits in digits:
+        shift -= bits
+        match = ((cu ^ prefix) >> (shift + bits)) == 0
+        h = np.bincount(((cu[match] >> shift) & ((1 << bits) - 1)).astype(np.int64), minlength=1 << bits)
         dgt, remaining, eq = pick(h, remaining)
         prefix |= np.int64(dgt) << shift
     return prefix, remaining, eq
 
 
-def sampled_select(row, k, width=None, mut=None, sigma=0):
+def sampled_select(row, k, width=None, mut=None, sigma=0, digits=(7, 7, 7)):
     """TopkStreamSm90.sampled_select (SAMPLE): (fast, selected columns); fast False: the kernel runs the two passes
-    (stream_select) instead (always for W <= CAND). mut names one deliberate defect; sigma: SAMPLE_SIGMA."""
+    (stream_select) instead (always for W <= CAND). mut names one deliberate defect; sigma: SAMPLE_SIGMA; digits:
+    REFINE_DIGITS."""
     width = len(row) if width is None else width
     if width <= CAND:
         return False, None          # rows that fit in the candidates take the two passes
@@ -186,7 +188,7 @@ def sampled_select(row, k, width=None, mut=None, sigma=0):
     if n_above <= k:
         return True, set(cand_c)
     d0, remaining, eq = pick(np.bincount((cu >> SHIFT0).astype(np.int64), minlength=BINS0), k)
-    t, remaining, eq = radix_from(cu, np.int64(d0) << SHIFT0, remaining)
+    t, remaining, eq = radix_from(cu, np.int64(d0) << SHIFT0, remaining, digits)
     out = {c for c, u in zip(cand_c, cu) if u > t}
     ties = sorted(c for c in range(width) if (int(key_bits(row[c:c + 1])[0]) & 0xFFFFFFFF) == t)
     assert len(ties) == eq, "every score equal to T is a candidate"
@@ -294,12 +296,12 @@ MUST_BE_FAST = {("randn", 32768, 2048), ("randn", 32768, 64), ("scaled", 32768, 
                 ("randn", 9000, 300), ("randn", 4097, 2048)}
 
 
-@pytest.mark.parametrize("sigma", [0, 4])
+@pytest.mark.parametrize("sigma,digits", [(0, (7, 7, 7)), (4, (7, 7, 7)), (4, (11, 10))])
 @pytest.mark.parametrize("kind,w,k", SAMPLED_CASES)
-def test_sampled_selection_equals_reference(kind, w, k, sigma):
+def test_sampled_selection_equals_reference(kind, w, k, sigma, digits):
     rng = np.random.default_rng([w, k, len(kind), 7])
     row = draw_sampled(rng, kind, w)
-    fast, got = sampled_select(row, k, sigma=sigma)
+    fast, got = sampled_select(row, k, sigma=sigma, digits=digits)
     if (kind, w, k) in MUST_BE_FAST:
         assert fast, "a common row fell back to the two passes"
     if kind == "trap":

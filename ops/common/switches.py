@@ -14,3 +14,19 @@ def choice(value, what, choices):
 def env_choice(name, choices):
     """The environment variable `name` as a choice (read when called: at import for the seams' module defaults)."""
     return choice(os.environ.get(name, "").strip(), name, choices)
+
+
+def knob_value(text):
+    """A class knob's value written on a command line or in an environment variable: an int ("2", "-1"), a tuple of
+    ints with ':' between them ("11:10"), else the string itself ("key")."""
+    text = text.strip()
+    parts = text.split(":")
+    if all(p.strip().lstrip("-").isdigit() for p in parts):
+        return int(text) if len(parts) == 1 else tuple(int(p) for p in parts)
+    return text
+
+
+def knob_specs(text):
+    """"NAME=VALUE,NAME=VALUE" (knob_value's forms) as a dict; empty text: {}."""
+    return {name.strip(): knob_value(value) for name, value in
+            (spec.split("=", 1) for spec in filter(None, (text or "").split(",")))}

@@ -8,7 +8,7 @@ network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
 non-zero if any output element is left unwritten (-7). TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial
-(ints or strings)."""
+(ints, strings, a:b tuples)."""
 import os
 import sys
 
@@ -23,10 +23,10 @@ from ops.dsa.topk.fwd import topk_fwd  # noqa: E402
 
 def main():
     from ops.dsa.topk import stream_sm90
-    for spec in filter(None, os.environ.get("TOPK_KNOBS", "").split(",")):    # knobs on trial, as test_dsa_topk
-        name, value = spec.split("=")
+    from ops.common.switches import knob_specs
+    for name, value in knob_specs(os.environ.get("TOPK_KNOBS", "")).items():    # knobs on trial, as test_dsa_topk
         assert hasattr(stream_sm90.TopkStreamSm90, name), f"TOPK_KNOBS: no knob {name}"
-        setattr(stream_sm90.TopkStreamSm90, name, int(value) if value.lstrip("-").isdigit() else value)
+        setattr(stream_sm90.TopkStreamSm90, name, value)
     torch.manual_seed(0)
     dev = "cuda"
     stream = torch.cuda.current_stream().cuda_stream

@@ -4,7 +4,7 @@ descending sort of the selectable scores (finite, within the row's length), -1 p
 with -7 before each run. Every test runs twice: with the streaming kernel allowed (fwd.STREAM: 16-byte aligned rows
 take stream_sm90.TopkStreamSm90) and with every call on topk_sm90.TopkSm90.
 Run: python -m pytest -q tests/gpu/test_dsa_topk.py
-   (TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial, ints or strings)
+   (TOPK_KNOBS="NAME=VALUE,...": TopkStreamSm90 knobs on trial: ints, strings, a:b tuples)
 """
 import os
 import sys
@@ -33,10 +33,10 @@ def kernel(request, monkeypatch):
     from ops.dsa.topk import fwd, stream_sm90
     monkeypatch.setattr(fwd, "STREAM", request.param != "cached")
     monkeypatch.setattr(fwd, "_CACHE", _CACHES.setdefault(request.param, {}))
-    for spec in filter(None, os.environ.get("TOPK_KNOBS", "").split(",")):    # knobs on trial, e.g. SAMPLE=0
-        name, value = spec.split("=")
+    from ops.common.switches import knob_specs
+    for name, value in knob_specs(os.environ.get("TOPK_KNOBS", "")).items():    # knobs on trial, e.g. SAMPLE=0
         assert hasattr(stream_sm90.TopkStreamSm90, name), f"TOPK_KNOBS: no knob {name}"
-        monkeypatch.setattr(stream_sm90.TopkStreamSm90, name, int(value) if value.lstrip("-").isdigit() else value)
+        monkeypatch.setattr(stream_sm90.TopkStreamSm90, name, value)
     return request.param
 
 

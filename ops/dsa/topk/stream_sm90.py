@@ -85,6 +85,9 @@ is likely to take (row + 132 x 3) once this row's read ends (1.02-1.30x); an "AP
 instructions on paper, 1.00-1.04x the time). On trial: SAMPLE_SIGMA = 4 (the sample's rank at 4 standard deviations:
 2775 candidates a row of randn instead of 3255 in the NumPy emulation, none below k in 300 rows): 0.97x the time of
 the default on every W 32K row (16:10), selections equal; not yet through test_dsa_topk on a GPU, so not the default.
+Also on trial, CPU-compiled only (no spills; every default variant traces to the same store key as before it):
+TopkSm90.REFINE_DIGITS = (11, 10), the candidates' radix select in two passes below pass 0 instead of three (17 % of the
+instructions are those passes), emulated in tests/test_topk_stream_select.py.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
@@ -459,16 +462,16 @@ class TopkStreamSm90(TopkSm90):
             gOut[0] = misc[0] + misc[4] + misc[6]
 
     @cute.jit
-    def row_hist(self, src, width, prefix, shift, hist, tid, lane):
-        """Passes 1-3 without candidates (refine): the row's keys matching the prefix, read in tiles. src = (scores
-        row, this thread's key registers)."""
+    def row_hist(self, src, width, prefix, shift, hist, tid, lane, bits: cutlass.Constexpr = 7):
+        """The passes below pass 0 without candidates (refine): the row's keys matching the prefix, read in tiles.
+        src = (scores row, this thread's key registers)."""
         gS, ku = src
         for t0 in cutlass.range(0, width, NT * V * self.U, unroll=1):
             self.load_keys(gS, t0, width, tid, ku)
             for e in cutlass.range_constexpr(self.U * V):
                 u = ku[e]
-                match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                self.hist_add(hist, (u >> shift) & 127, match, lane)
+                match = u != 0 and ((u ^ prefix) >> (shift + bits)) == 0
+                self.hist_add(hist, (u >> shift) & ((1 << bits) - 1), match, lane)
 
     @cute.jit
     def load_keys(self, gRow, t0, width, tid, ku, raw: cutlass.Constexpr = False):

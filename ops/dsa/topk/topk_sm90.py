@@ -68,6 +68,10 @@ def pad_k(k):
 class TopkSm90(SelectionSort):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs)."""
 
+    # the radix digits below the pass-0 digit, from the top (bits each; they sum to SHIFT0, each at most 11: hist
+    # holds BINS0 bins). (11, 10): one pass fewer over the candidates (on trial, 2026-12-06, not yet run on a GPU)
+    REFINE_DIGITS = (7, 7, 7)
+
     def __init__(self, p: int, has_lengths: bool, rank3: bool, by_column: bool = False):
         assert p >= 32 and p & (p - 1) == 0 and p <= 2048, p
         self.P = p
@@ -199,28 +203,37 @@ class TopkSm90(SelectionSort):
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit
-    def row_hist(self, src, width, prefix, shift, hist, tid, lane):
-        """Passes 1-3 without candidates: the histogram of digit (u >> shift) & 127 of every key of the row that
-        matches the prefix above it. src = (row cache, scores row, cached)."""
+    def row_hist(self, src, width, prefix, shift, hist, tid, lane, bits: cutlass.Constexpr = 7):
+        """Passes 1-3 without candidates: the histogram of digit (u >> shift) & (2^bits - 1) of every key of the row
+        that matches the prefix above it. src = (row cache, scores row, cached)."""
         keys, gS, cached = src
         for c0 in cutlass.range(0, width, NT, unroll=1):
             j = c0 + tid
             u = Int32(0)
             if j < width:
                 u = self.load_key(keys, gS, j, cached)
-            match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-            self.hist_add(hist, (u >> shift) & 127, match, lane)
+            match = u != 0 and ((u ^ prefix) >> (shift + bits)) == 0
+            self.hist_add(hist, (u >> shift) & ((1 << bits) - 1), match, lane)
 
     @cute.jit
     def refine(self, hist, part, misc, cand_u, use_cand, src, width, prefix, remaining, eq, tid, lane, warp):
-        """Radix passes 1-3 (7-bit digits below the pass-0 digit): over the candidates when use_cand, else over the
-        whole row (row_hist, the kernel's own reader of src). Returns (prefix = T, remaining = how many keys equal
-        to T are taken, eq = how many exist). Every histogram is read after the barrier that follows its writers."""
+        """The radix passes below the pass-0 digit, one a digit of REFINE_DIGITS (from the top; 7, 7, 7 bits by
+        default): over the candidates when use_cand, else over the whole row (row_hist, the kernel's own reader of
+        src). Returns (prefix = T, remaining = how many keys equal to T are taken, eq = how many exist). Every
+        histogram is read after the barrier that follows its writers."""
+        digits = self.REFINE_DIGITS
+        assert sum(digits) == SHIFT0 and max(digits) <= 32 - SHIFT0, "REFINE_DIGITS: the bits below pass 0, in hist"
         n_cand = misc[6]
-        for ps in cutlass.range_constexpr(1, 4):
-            shift = SHIFT0 - 7 * ps                 # 14, 7, 0: 7-bit digits below the 11-bit first one
-            if tid < 128:
-                hist[tid] = Int32(0)
+        for ps in cutlass.range_constexpr(len(digits)):
+            bits = digits[ps]
+            nb = 1 << bits
+            shift = SHIFT0 - sum(digits[:ps + 1])   # default 14, 7, 0: 7-bit digits below the 11-bit first one
+            if cutlass.const_expr(nb <= NT):
+                if tid < nb:
+                    hist[tid] = Int32(0)
+            else:
+                for i in cutlass.range_constexpr(nb // NT):
+                    hist[tid + NT * i] = Int32(0)
             cute.arch.sync_threads()
             if use_cand:
                 for c0 in cutlass.range(0, n_cand, NT, unroll=1):
@@ -228,12 +241,12 @@ class TopkSm90(SelectionSort):
                     u = Int32(0)
                     if i < n_cand:
                         u = cand_u[i]
-                    match = u != 0 and ((u ^ prefix) >> (shift + 7)) == 0
-                    self.hist_add(hist, (u >> shift) & 127, match, lane)
+                    match = u != 0 and ((u ^ prefix) >> (shift + bits)) == 0
+                    self.hist_add(hist, (u >> shift) & (nb - 1), match, lane)
             else:
-                self.row_hist(src, width, prefix, shift, hist, tid, lane)
+                self.row_hist(src, width, prefix, shift, hist, tid, lane, bits)
             cute.arch.sync_threads()
-            self.pick_digit(hist, part, misc, remaining, 128, tid, lane, warp)
+            self.pick_digit(hist, part, misc, remaining, nb, tid, lane, warp)
             cute.arch.sync_threads()
             prefix = prefix | (misc[1] << shift)
             remaining = misc[2]
