@@ -2,8 +2,8 @@
 
 One instruction asks the TMA unit to bring `nbytes` at a 16-byte aligned global address into L2. It writes no shared
 memory and has no completion to wait for: a later ordinary load of those bytes hits L2 if they are still there. The
-streaming top-k (ops/dsa/topk/stream_sm90.py, L2_AHEAD / L2_NEXT_ROW) uses it to keep its row's DRAM reads in flight
-while its threads work on the tile before.
+streaming top-k (ops/dsa/topk/stream_sm90.py, L2_START / L2_AHEAD) uses it to keep its row's DRAM reads in flight
+two tiles ahead while its threads work on the tile before.
 """
 from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm

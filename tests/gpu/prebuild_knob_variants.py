@@ -110,6 +110,7 @@ def one(job):
 
 
 def main(a):
+    from ops.common.switches import knob_specs
     jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
     jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
     jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
@@ -117,7 +118,7 @@ def main(a):
     jobs += topk_sort_jobs() + topk_bench_jobs()
     specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
     for sp in specs:
-        kn = {k: int(v) for k, v in (kv.split("=") for kv in sp.split(","))}
+        kn = knob_specs(sp)
         jobs += [("attn", key, kn) for key in AB_KEYS]
     t0, failed = time.time(), 0
     ctx = multiprocessing.get_context("fork")

@@ -204,8 +204,8 @@ class TopkSm90(SelectionSort):
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit
     def row_hist(self, src, width, prefix, shift, hist, tid, lane, bits: cutlass.Constexpr = 7):
-        """Passes 1-3 without candidates: the histogram of digit (u >> shift) & (2^bits - 1) of every key of the row
-        that matches the prefix above it. src = (row cache, scores row, cached)."""
+        """A pass below pass 0 without candidates (refine): the histogram of digit (u >> shift) & (2^bits - 1) of every
+        key of the row that matches the prefix above it. src = (row cache, scores row, cached)."""
         keys, gS, cached = src
         for c0 in cutlass.range(0, width, NT, unroll=1):
             j = c0 + tid
