@@ -6,7 +6,8 @@ Rows (bf16 index_q/index_k, fp32 weights, Di = 128, causal, ratio 1):
   idx recompute    the same with the row lse (dense indexer recompute)   (cuDNN dense_indexer_score_recompute_wrapper)
   indexer + top-k  B1 32K x 32K, 32 heads, k = 2048: scores then top-k   (cuDNN indexer_forward_wrapper +
                    indexer_top_k_wrapper; torch eager: head loop + torch.topk)
-  top-k            32K rows x 32K fp32 scores (our indexer's output), k = 2048
+  top-k            32K rows x 32K fp32 scores (our indexer's output), k = 2048: both sides with the causal row
+                   lengths (cuDNN's call takes them), then both at full width, then both on randn rows
   attn recompute   B1 Sq = Sk = 8K, 128 heads, Dqk 576: scores + l1norm  (cuDNN dense_attn_score_recompute_wrapper)
   sparse idx rec.  B1 Sq 4K, Sk 8K, top-k 2048, 64 heads, Di 128: scores + lse (cuDNN
                    sparse_indexer_score_recompute_wrapper); FLOPs 2 * Sq * topk * H * D
@@ -253,36 +254,68 @@ def bench_dense_bwd(S, H, iters, dsa, notes):
 
 
 def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
+    """Indexer + top-k, and the top-k alone, each side given the same row lengths. cuDNN's top-k takes lengths (the
+    causal scores: row r's r + 1 columns, about half of the S x S); so does ours (indexer_topk(lengths=...)): both
+    are timed with them (the like-for-like row), then both with every row at full width (lengths = S: the scores past
+    the diagonal read as -inf), then both on full rows of randn (no -inf anywhere). Before 2026-12-06 ours was timed
+    without lengths against cuDNN with them (it read twice the bytes)."""
     q, k, w = inputs(S, H)
     s = torch.empty(1, S, S, device=DEV)
     idx = torch.empty(1, S, K, dtype=torch.int32, device=DEV)
+    lens = torch.arange(1, S + 1, dtype=torch.int32, device=DEV)
+    full = torch.full((S,), S, dtype=torch.int32, device=DEV)
     st = torch.cuda.current_stream().cuda_stream
     res = {}
     if topk_fwd is not None:
         def ours():
             indexer_fwd(q, k, w, s, None, causal=True, stream=st)
-            topk_fwd(s, idx, stream=st)
+            topk_fwd(s, idx, lengths=lens.view(1, S), stream=st)
         res["ours"] = time_or_note(ours, iters, notes, "ours")
-        res["ours_topk"] = time_or_note(lambda: topk_fwd(s, idx, stream=st), iters, notes, "ours top-k")
-        # column order (indexer_topk(sorted=False)): cuDNN's top-k does not order its indices either
-        res["ours_topk_col"] = time_or_note(lambda: topk_fwd(s, idx, order="column", stream=st), iters, notes,
-                                            "ours top-k column order")
+        res["ours no lengths"] = time_or_note(lambda: (indexer_fwd(q, k, w, s, None, causal=True, stream=st),
+                                                       topk_fwd(s, idx, stream=st)), iters, notes, "ours no lengths")
+        indexer_fwd(q, k, w, s, None, causal=True, stream=st)
+        topk_fwd(s, idx, lengths=lens.view(1, S), stream=st)
+        with_len = idx.clone()
+        topk_fwd(s, idx, stream=st)
+        if not torch.equal(with_len, idx):
+            notes.append("ours: the causal lengths changed the selection (they must not: past them the scores are -inf)")
+        for tag, ln in (("", lens), (" full", full)):
+            res["ours_topk" + tag] = time_or_note(lambda ln=ln: topk_fwd(s, idx, lengths=ln.view(1, S), stream=st),
+                                                  iters, notes, "ours top-k" + tag)
+            # column order (indexer_topk(sorted=False)): cuDNN's top-k does not order its indices either
+            res["ours_topk_col" + tag] = time_or_note(
+                lambda ln=ln: topk_fwd(s, idx, lengths=ln.view(1, S), order="column", stream=st), iters, notes,
+                "ours top-k column order" + tag)
     else:
         notes.append("ours: no top-k kernel")
     if dsa is not None:
         k4 = k.unsqueeze(2)
-        lens = torch.arange(1, S + 1, dtype=torch.int32, device=DEV)
 
         def cudnn_both():
             sc = dsa.indexer_forward_wrapper(q, k4, w, ratio=1)["scores"]
             dsa.indexer_top_k_wrapper(sc.view(S, S), lens, K, return_val=False)
         res["cudnn"] = time_or_note(cudnn_both, iters, notes, "cudnn")
         indexer_fwd(q, k, w, s, None, causal=True, stream=st)
-        res["cudnn_topk"] = time_or_note(lambda: dsa.indexer_top_k_wrapper(s.view(S, S), lens, K, return_val=False),
-                                         iters, notes, "cudnn top-k")
+        for tag, ln in (("", lens), (" full", full)):
+            res["cudnn_topk" + tag] = time_or_note(
+                lambda ln=ln: dsa.indexer_top_k_wrapper(s.view(S, S), ln, K, return_val=False), iters, notes,
+                "cudnn top-k" + tag)
     res["eager"] = time_or_note(lambda: torch.topk(eager_scores(q, k, w), K, dim=-1), 2, notes, "eager")
     res["eager_topk"] = time_or_note(lambda: torch.topk(s, K, dim=-1), max(2, iters // 3), notes, "eager top-k")
+    s.normal_()                                 # randn rows, every column finite
+    if topk_fwd is not None:
+        res["ours_topk randn"] = time_or_note(lambda: topk_fwd(s, idx, stream=st), iters, notes, "ours top-k randn")
+        res["ours_topk_col randn"] = time_or_note(lambda: topk_fwd(s, idx, order="column", stream=st), iters, notes,
+                                                  "ours top-k column order randn")
+    if dsa is not None:
+        res["cudnn_topk randn"] = time_or_note(
+            lambda: dsa.indexer_top_k_wrapper(s.view(S, S), full, K, return_val=False), iters, notes,
+            "cudnn top-k randn")
     return res, 2.0 * H * 128 * visible_pairs(S, S)
+
+
+TOPK_ROWS = (("", "causal, both with lengths", True), (" full", "causal, full rows", False),
+             (" randn", "randn, full rows", False))
 
 
 def fmt(x, w=8, p=2):
@@ -297,15 +330,21 @@ def print_row(name, res, flops, notes, out):
     print(f"{name:30s} {fmt(ms(o))} {fmt(ms(c))} {fmt(ms(e))} {fmt(tf(o), p=0)} {fmt(tf(c), p=0)} "
           f"{fmt(ratio(c))} {fmt(ratio(e))}", flush=True)
     if "ours_topk" in res or "cudnn_topk" in res:
-        ot, ct, et = res.get("ours_topk"), res.get("cudnn_topk"), res.get("eager_topk")
-        gbs = lambda t: None if t is None else 32768 * 32768 * 4 / t / 1e9  # noqa: E731
-        print(f"{'  top-k alone (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
-              f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
-              f"{fmt(None if ot is None or et is None else et / ot)}", flush=True)
-        oc = res.get("ours_topk_col")
-        if oc is not None:
-            print(f"{'  top-k alone, column order':30s} {fmt(ms(oc))} {fmt(ms(ct))} {'':8s} "
-                  f"{fmt(gbs(oc), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ct is None else ct / oc)}", flush=True)
+        on = res.get("ours no lengths")
+        if on is not None:
+            print(f"{'  ours, top-k without lengths':30s} {fmt(ms(on))} {'':8s} {'':8s} {fmt(tf(on), p=0)}", flush=True)
+        for tag, label, causal in TOPK_ROWS:
+            # GB/s of the score bytes inside the rows' lengths (causal: about half of 32K x 32K)
+            nbytes = 4 * (visible_pairs(32768, 32768) if causal else 32768 * 32768)
+            gbs = lambda t, n=nbytes: None if t is None else n / t / 1e9  # noqa: E731
+            ct = res.get("cudnn_topk" + tag)
+            for okey, what in (("ours_topk", "score order"), ("ours_topk_col", "column order")):
+                ot = res.get(okey + tag)
+                et = res.get("eager_topk") if (tag == "" and okey == "ours_topk") else None
+                print(f"  top-k alone, {label}, {what}:")
+                print(f"{'    (GB/s in TF col)':30s} {fmt(ms(ot))} {fmt(ms(ct))} {fmt(ms(et))} "
+                      f"{fmt(gbs(ot), p=0)} {fmt(gbs(ct), p=0)} {fmt(None if ot is None or ct is None else ct / ot)} "
+                      f"{fmt(None if ot is None or et is None else et / ot)}", flush=True)
     if "ours det" in res:
         d = res["ours det"]
         print(f"{'  ours det (deterministic)':30s} {fmt(ms(d))} {'':8s} {'':8s} {fmt(tf(d), p=0)} {'':8s} "
@@ -315,7 +354,7 @@ def print_row(name, res, flops, notes, out):
         print(f"    note: {n}", flush=True)
     for impl, t in res.items():
         out.append({"case": name, "impl": impl, "ms": None if t is None else round(t * 1e3, 4),
-                    "tflops": None if t is None or impl.endswith("topk") else round(flops / t / 1e12, 1)})
+                    "tflops": None if t is None or "topk" in impl else round(flops / t / 1e12, 1)})
 
 
 def cases(a, dsa, topk_fwd):
