@@ -143,10 +143,10 @@ def radix_from(cu, prefix, remaining, digits=(7, 7, 7)):
     return prefix, remaining, eq
 
 
-def sampled_select(row, k, width=None, mut=None, sigma=0, digits=(7, 7, 7)):
+def sampled_select(row, k, width=None, mut=None, sigma=4, digits=(11, 10)):
     """TopkStreamSm90.sampled_select (SAMPLE): (fast, selected columns); fast False: the kernel runs the two passes
     (stream_select) instead (always for W <= CAND). mut names one deliberate defect; sigma: SAMPLE_SIGMA; digits:
-    REFINE_DIGITS."""
+    ONE_READ_DIGITS (the defaults are the kernel's: test_emulation_defaults_are_the_kernels)."""
     width = len(row) if width is None else width
     if width <= CAND:
         return False, None          # rows that fit in the candidates take the two passes
@@ -312,6 +312,17 @@ def test_sampled_selection_equals_reference(kind, w, k, sigma, digits):
             assert kind == "zeros" and w > CAND
             return
     assert got == reference(row, k)
+
+
+def test_emulation_defaults_are_the_kernels():
+    pytest.importorskip("cutlass")
+    import inspect
+
+    from ops.dsa.topk.stream_sm90 import TopkStreamSm90
+    d = inspect.signature(sampled_select).parameters
+    assert d["sigma"].default == TopkStreamSm90.SAMPLE_SIGMA
+    assert d["digits"].default == TopkStreamSm90.ONE_READ_DIGITS
+    assert inspect.signature(radix_from).parameters["digits"].default == TopkStreamSm90.REFINE_DIGITS
 
 
 def test_sampled_lengths_cut_the_row():

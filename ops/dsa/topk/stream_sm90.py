@@ -151,9 +151,11 @@ class TopkStreamSm90(TopkSm90):
     # as the sample is read, and each tile of a read loop (the one read, pass A) asks for the tile L2_AHEAD ahead
     L2_START = 2
     L2_AHEAD = 2
-    # the sample's rank j (on trial): 0 = m + m / 2 + 10; s > 0 = m + s sqrt(m) + 2 (s standard deviations; 4: 0.97x
-    # the time on the H100 at 16:10, module docstring, not yet through test_dsa_topk on a GPU)
-    SAMPLE_SIGMA = 0
+    # the sample's rank j: 0 = m + m / 2 + 10; s > 0 = m + s sqrt(m) + 2 (s standard deviations; module docstring)
+    SAMPLE_SIGMA = 4
+    # the radix digits of the one read's candidates below pass 0 (refine; the two passes keep REFINE_DIGITS):
+    # (11, 10), two passes over ~2.8 K candidates instead of three (module docstring)
+    ONE_READ_DIGITS = (11, 10)
 
     def one_read(self):
         """Whether this variant tries the one-read select: SAMPLE, in the column order always, in the score order for
@@ -400,7 +402,8 @@ class TopkStreamSm90(TopkSm90):
                 self.pick_digit(hist, part, misc, k, BINS0, tid, lane, warp)
                 cute.arch.sync_threads()
                 prefix, remaining, eq = self.refine(hist, part, misc, cand_u, True, (gS, ku), width,
-                                                    misc[1] << SHIFT0, misc[2], misc[3], tid, lane, warp)
+                                                    misc[1] << SHIFT0, misc[2], misc[3], tid, lane, warp,
+                                                    self.ONE_READ_DIGITS)
                 t_u = prefix
                 need = remaining
         return take_all, t_u, need, eq, fast

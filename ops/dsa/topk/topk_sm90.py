@@ -69,7 +69,9 @@ class TopkSm90(SelectionSort):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs)."""
 
     # the radix digits below the pass-0 digit, from the top (bits each; they sum to SHIFT0, each at most 11: hist
-    # holds BINS0 bins). (11, 10): one pass fewer over the candidates (on trial, 2026-12-06, not yet run on a GPU)
+    # holds BINS0 bins). (11, 10): one pass fewer, but a 2048-bin histogram to clear and walk in each (on the H100,
+    # 2026-12-06 17:20: rows of 4K columns 1.02-1.03x the time, 32K-column rows 0.96x; the streaming kernel's one
+    # read has its own digits, TopkStreamSm90.ONE_READ_DIGITS)
     REFINE_DIGITS = (7, 7, 7)
 
     def __init__(self, p: int, has_lengths: bool, rank3: bool, by_column: bool = False):
@@ -216,12 +218,14 @@ class TopkSm90(SelectionSort):
             self.hist_add(hist, (u >> shift) & ((1 << bits) - 1), match, lane)
 
     @cute.jit
-    def refine(self, hist, part, misc, cand_u, use_cand, src, width, prefix, remaining, eq, tid, lane, warp):
-        """The radix passes below the pass-0 digit, one a digit of REFINE_DIGITS (from the top; 7, 7, 7 bits by
-        default): over the candidates when use_cand, else over the whole row (row_hist, the kernel's own reader of
-        src). Returns (prefix = T, remaining = how many keys equal to T are taken, eq = how many exist). Every
-        histogram is read after the barrier that follows its writers."""
-        digits = self.REFINE_DIGITS
+    def refine(self, hist, part, misc, cand_u, use_cand, src, width, prefix, remaining, eq, tid, lane, warp,
+               digits: cutlass.Constexpr = None):
+        """The radix passes below the pass-0 digit, one a digit of `digits` (from the top; REFINE_DIGITS when None,
+        7, 7, 7 bits by default): over the candidates when use_cand, else over the whole row (row_hist, the kernel's
+        own reader of src). Returns (prefix = T, remaining = how many keys equal to T are taken, eq = how many
+        exist). Every histogram is read after the barrier that follows its writers."""
+        if cutlass.const_expr(digits is None):
+            digits = self.REFINE_DIGITS
         assert sum(digits) == SHIFT0 and max(digits) <= 32 - SHIFT0, "REFINE_DIGITS: the bits below pass 0, in hist"
         n_cand = misc[6]
         for ps in cutlass.range_constexpr(len(digits)):
