@@ -133,4 +133,4 @@ done | tee "$OUT/0_summary.txt"
 # a call brings back the first 8 files of $OUT by name: the summary, the sweeps, the benches and the profiles'
 # summaries (p_*.txt); logs, ncu reports and SASS pages go under z/
 mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT"/*_ncu*.txt "$OUT"/*_sass.* \
-  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null
+  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null || true   # some globs match nothing
