@@ -43,8 +43,8 @@ tiles instead. Ties at the threshold that cannot all be taken are ranked by colu
 One read (SAMPLE = 1, the default; sampled_select). Passes A and B read the row twice and add every score to the
 histogram; most rows need neither. S: a sample of NT x V scores (one 16-byte vector a thread, at evenly spaced
 columns) gives a threshold t_f: the lower edge of the 18-bit key prefix (the pass-0 digit, then a 7-bit one) of its
-j-th largest finite key, j = m + m / 2 + 10 for the m = k NT V / W sample scores expected above the row's k-th largest
-(j >= m + 4 sqrt(m) + 2); a sample with fewer than j finite scores takes t_f = -FLT_MAX (every finite score). Rows
+j-th largest finite key, j = m + 4 sqrt(m) + 2 (SAMPLE_SIGMA 4: 4 standard deviations; m + m / 2 + 10 at 0) for the
+m = k NT V / W sample scores expected above the row's k-th largest; a sample with fewer than j finite scores takes t_f = -FLT_MAX (every finite score). Rows
 of W <= CAND take the two passes (faster there: H100 A/B below). Then one read of the row: the scores in [t_f, +inf)
 are appended to the candidates as (key, column) (append_above: one warp scan and one atomic a warp per tile, entries
 past CAND counted, not written). If at most CAND passed and at least k (or t_f is -FLT_MAX), the row's k largest are
@@ -82,12 +82,15 @@ causal 0.97x, rounded 0.99x, column order 0.95-0.97x, W 4K 1.0x (one tile a row)
 at the start (k 64 1.25x: 396 rows of 128 KiB in flight overflow L2), and the head of the row the next CTA on the SM
 is likely to take (row + 132 x 3) once this row's read ends (1.02-1.30x); an "APPEND ballot" form of append_above
 (one ballot an entry slot, raw bits stored straight from their register, keys formed after the read: fewer
-instructions on paper, 1.00-1.04x the time). On trial: SAMPLE_SIGMA = 4 (the sample's rank at 4 standard deviations:
-2775 candidates a row of randn instead of 3255 in the NumPy emulation, none below k in 300 rows): 0.97x the time of
-the default on every W 32K row (16:10), selections equal; not yet through test_dsa_topk on a GPU, so not the default.
-Also on trial, CPU-compiled only (no spills; every default variant traces to the same store key as before it):
-TopkSm90.REFINE_DIGITS = (11, 10), the candidates' radix select in two passes below pass 0 instead of three (17 % of the
-instructions are those passes), emulated in tests/test_topk_stream_select.py.
+instructions on paper, 1.00-1.04x the time).
+Fewer candidates, fewer passes over them (the defaults since 2026-12-06 17:30): SAMPLE_SIGMA = 4 puts the sample's
+rank at 4 standard deviations (j = m + 4 sqrt(m) + 2: 2775 candidates a row of randn instead of 3255 in the NumPy
+emulation, none below k in 300 rows), and ONE_READ_DIGITS = (11, 10) selects among the one read's candidates in two
+radix passes below pass 0 instead of three (those passes were 17 % of the instructions). The two passes keep
+REFINE_DIGITS (7, 7, 7): with (11, 10) there, rows of 4K columns took 1.02-1.03x the time (a 2048-bin histogram to
+clear and walk for ~2 K keys). H100 17:20 (bench/ab_topk.py against the prefetch kernel, same selections): both on
+every path 0.96x the time at W 32K k 2048 in both orders, causal 0.96x, rounded 0.96-0.98x, k 64 1.00x; test_dsa_topk
+104 passed and racecheck / memcheck clean with that knob set. NumPy emulation of both: tests/test_topk_stream_select.py.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
@@ -327,8 +330,8 @@ class TopkStreamSm90(TopkSm90):
         every finite score), so the radix select runs on them alone; otherwise nothing is decided and the caller
         runs the two passes (misc[6] may exceed CAND: only the first CAND columns were written)."""
         # S. the threshold t_f: a sample of NT x V scores (one 16-byte vector a thread at evenly spaced columns) and
-        # the digits (11 bits, then 7) of its j-th largest key, j = m + m / 2 + 10 for the m = k NT V / width
-        # sample scores expected above the row's k-th largest (j >= m + 4 sqrt(m) + 2: 4 standard deviations)
+        # the digits (11 bits, then 7) of its j-th largest key, j = m + SAMPLE_SIGMA sqrt(m) + 2 (m + m / 2 + 10 at
+        # SAMPLE_SIGMA 0) for the m = k NT V / width sample scores expected above the row's k-th largest
         eligible = width > CAND                     # a row that fits in the candidates takes the two passes
         t_all = False
         t_f = Float32(-FLT_MAX)
