@@ -21,7 +21,12 @@ fwd.STREAM False).
 
 --stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
 
+--causal-lengths: --stages and --ncu take the causal row (row i: i W / R + 1 finite columns) with those counts as
+the rows' lengths, ours and cuDNN's alike (bench/dsa_indexer.py's like-for-like top-k row: a row's cost is then
+mostly its fixed part, not its read).
+
 Run:  python bench/topk_breakdown.py [--rows N] [--ncu] [--sorts bucket,key,regs,smem] [--no-cached] [--column] [--stages]
+                                    [--causal-lengths]
 """
 import argparse
 import os
@@ -53,18 +58,24 @@ def main(a):
     R = a.rows
     st = torch.cuda.current_stream().cuda_stream
     cases = topk_cases(R)
+    lens = None
+    if a.causal_lengths:     # the causal row with its finite count as the row length (topk_cases' mask)
+        W = cases[3][1].shape[1]
+        lens = (torch.arange(R, device="cuda", dtype=torch.int32) * (W // R) + 1).clamp_(max=W)
+        cases = [("causal W32K k2048 lengths", cases[3][1], 2048)]
     if a.first:
         cases = cases[:1]
     if a.sweep:
         sweep(cases, R, st)
         return
     if a.stages:
-        stages(cases, R, st)
+        stages(cases, R, st, lens)
         return
     if a.ncu:
         s, k = cases[0][1], cases[0][2]
         out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-        ours = lambda: topk_fwd(s, out, order="column" if a.column else "score", stream=st)  # noqa: E731
+        ours = lambda: topk_fwd(s, out, lengths=lens, order="column" if a.column else "score",  # noqa: E731
+                                stream=st)
         if not a.peer:         # one launch (ncu -k regex:Topk --launch-count 1)
             ours()
             torch.cuda.synchronize()
@@ -72,8 +83,8 @@ def main(a):
         runs = [("ours", ours)]
         dsa = cudnn_dsa()
         if dsa is not None:
-            lens = torch.full((R,), s.shape[1], dtype=torch.int32, device="cuda")
-            runs.append(("cuDNN frontend", lambda: dsa.indexer_top_k_wrapper(s, lens, k, return_val=False)))
+            cl = lens if lens is not None else torch.full((R,), s.shape[1], dtype=torch.int32, device="cuda")
+            runs.append(("cuDNN frontend", lambda: dsa.indexer_top_k_wrapper(s, cl, k, return_val=False)))
         profile_launches(runs)
         return
     from ops.dsa.topk import fwd, sort_sm90
@@ -89,7 +100,7 @@ def main(a):
                 print(f"{name + tag:34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s", flush=True)
 
 
-def stages(cases, R, st):
+def stages(cases, R, st, lens=None):
     """Where a row's time goes in the streaming kernel: the same launch ended after pass A (since the one-read select,
     stream_sm90 SAMPLE, "A" ends where "threshold" does), after the threshold
     (pass B and passes 1-3), after the selection's gather, and whole (TopkStreamSm90.STOP; the stopped launches'
@@ -103,7 +114,7 @@ def stages(cases, R, st):
                 stream_sm90.TopkStreamSm90.STOP = stop
                 fwd._CACHE.clear()
                 out = torch.empty(R, k, dtype=torch.int32, device="cuda")
-                t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), 5)
+                t, _ = device_time(lambda: topk_fwd(s, out, lengths=lens, order=order, stream=st), 5)
                 tag = f"{name} {order} to {stop or 'end'}"
                 print(f"{tag:44s} {t * 1e3:8.3f} ms  (+{(t - prev) * 1e3:6.3f})", flush=True)
                 prev = t
@@ -141,6 +152,8 @@ if __name__ == "__main__":
     p.add_argument("--column", action="store_true", help="also time order=\"column\" (ascending columns, no sort)")
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
+    p.add_argument("--causal-lengths", action="store_true",
+                   help="--stages / --ncu on the causal row with its finite counts as row lengths (both sides)")
     p.add_argument("--stages", action="store_true",
                    help="time the streaming kernel ended after each stage instead (TopkStreamSm90.STOP)")
     main(p.parse_args())
