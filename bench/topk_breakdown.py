@@ -21,7 +21,7 @@ fwd.STREAM False).
 
 --stages times the streaming kernel stopped after each stage (pass A; the threshold; the gathered selection; whole).
 
---causal-lengths: --stages and --ncu take the causal row (row i: i W / R + 1 finite columns) with those counts as
+--causal-lengths: --stages, --sweep and --ncu take the causal row (row i: i W / R + 1 finite columns) with those counts as
 the rows' lengths, ours and cuDNN's alike (bench/dsa_indexer.py's like-for-like top-k row: a row's cost is then
 mostly its fixed part, not its read).
 
@@ -66,7 +66,7 @@ def main(a):
     if a.first:
         cases = cases[:1]
     if a.sweep:
-        sweep(cases, R, st)
+        sweep(cases, R, st, lens)
         return
     if a.stages:
         stages(cases, R, st, lens)
@@ -122,7 +122,7 @@ def stages(cases, R, st, lens=None):
     fwd._CACHE.clear()
 
 
-def sweep(cases, R, st):
+def sweep(cases, R, st, lens=None):
     """The streaming kernel's launch shape: U 16-byte vectors a thread per tile x CTAs an SM (registers capped
     to fit them; ptxas 2026-12-03: (4, 2) 55-63 registers, (2, 3) 38, (1, 4) 32, (8, 1) 121, no spills; (4, 3) and
     (8, 2) spill, so they are not in the list)."""
@@ -134,7 +134,7 @@ def sweep(cases, R, st):
         for name, s, k in cases:
             out = torch.empty(R, k, dtype=torch.int32, device="cuda")
             try:
-                t, _ = device_time(lambda: topk_fwd(s, out, stream=st), 5)
+                t, _ = device_time(lambda: topk_fwd(s, out, lengths=lens, stream=st), 5)
                 print(f"{name + f' U{u} x{mb}':34s} {t * 1e3:8.3f} ms  {R * s.shape[1] * 4 / t / 1e9:7.0f} GB/s",
                       flush=True)
             except Exception as e:  # noqa: BLE001
@@ -153,7 +153,7 @@ if __name__ == "__main__":
     p.add_argument("--first", action="store_true", help="only the first row (randn W 32K k 2048)")
     p.add_argument("--sweep", action="store_true", help="time the streaming kernel's (U, CTAs an SM) shapes instead")
     p.add_argument("--causal-lengths", action="store_true",
-                   help="--stages / --ncu on the causal row with its finite counts as row lengths (both sides)")
+                   help="--stages / --sweep / --ncu on the causal row with its finite counts as row lengths (both sides)")
     p.add_argument("--stages", action="store_true",
                    help="time the streaming kernel ended after each stage instead (TopkStreamSm90.STOP)")
     main(p.parse_args())
