@@ -6,13 +6,13 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 13:17-16:12, all on H100s (no H200 could be had): the whole suite and all sanitizers passed
-# at 13:17 on 27f67d8 (dense indexer backward at three consumers); test_dsa_topk and its sanitizers with the bucket
-# ordering at 13:28 and 14:04; with the L2 prefetch (the default since) test_dsa_topk at 15:49, its sanitizers at 16:10.
+# Last runs: 2026-12-06 17:14-17:45, all on H100s (an H200 was asked for each time): the whole suite and all 20
+# sanitizer runs passed at 17:14 on 899a626; test_dsa_topk and its sanitizers with SAMPLE_SIGMA 4 and ONE_READ_DIGITS
+# (11, 10) as the defaults at 17:29 (HEAD's top-k).
 # Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"): no H200 has run the top-k's bucket
-# ordering, its one read in the score order at k > 512, its L2 prefetch, or the dense indexer backward at three
-# consumers. Then the top-k's SAMPLE_SIGMA=4 trial (TOPK_TRIALS="SAMPLE_SIGMA=4" AB_TOPK_KNOBS=SAMPLE_SIGMA=4
-# TOPK_STAGES=0 STEPS=topk_trial, after `python bench/ab_topk.py --prepare HEAD` here), its variants in the store.
+# ordering, its one read at every k, its L2 prefetch, SAMPLE_SIGMA 4 / ONE_READ_DIGITS (11, 10), or the dense indexer
+# backward at three consumers. Also owed: `python3 bench/topk_breakdown.py --sweep --causal-lengths` (the launch shape
+# for rows of causal lengths, where a row's fixed cost dominates; its variants are in the store).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
