@@ -1,6 +1,6 @@
 """One small config per sparse attention forward flavour (dense with topk_length, sink and invalid slots; THD with
 an empty segment and a tail) for compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left
-unwritten (NaN). SANITIZE_KNOBS="NAME=INT,..." sets class knobs of the kernel first (the knobs on trial)."""
+unwritten (NaN). SANITIZE_KNOBS="NAME=VALUE,..." (ops.common.switches.knob_specs) sets class knobs of the kernel first (the knobs on trial)."""
 import os
 import sys
 
@@ -15,9 +15,10 @@ from ops.dsa.sparse_attn.fwd import sparse_attn_fwd  # noqa: E402
 
 
 def main():
-    for kv_ in filter(None, os.environ.get("SANITIZE_KNOBS", "").split(",")):   # e.g. LAG=2
-        name, value = kv_.split("=")
-        setattr(fwd_sm90.SparseAttnFwdSm90, name, int(value))
+    from ops.common.switches import knob_specs
+    for name, value in knob_specs(os.environ.get("SANITIZE_KNOBS", "")).items():   # e.g. LAG=2
+        assert hasattr(fwd_sm90.SparseAttnFwdSm90, name), f"SANITIZE_KNOBS: no knob {name}"
+        setattr(fwd_sm90.SparseAttnFwdSm90, name, value)
         print(f"sanitize_dsa_sparse_attn: {name} = {value}")
     torch.manual_seed(0)
     dev, nan = "cuda", float("nan")

@@ -1,7 +1,7 @@
 """One small config per sparse score recompute kernel (dense with topk_length and invalid slots; THD with a tail),
 and the attention kernel (HEAD_SPLIT schedule) also dense with topk_length over several blocks a row, for
 compute-sanitizer racecheck/memcheck; exits non-zero if any output element is left unwritten (NaN).
-SANITIZE_KNOBS="NAME=INT ..." sets class knobs of both kernels first (e.g. LEAN_GATHER=0: the indexer's copies rebuilt per piece)."""
+SANITIZE_KNOBS="NAME=VALUE,..." (ops.common.switches.knob_specs; spaces also separate) sets class knobs of both kernels first (e.g. LEAN_GATHER=0: the indexer's copies rebuilt per piece)."""
 import os
 import sys
 
@@ -11,16 +11,17 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from ops.common.switches import knob_specs  # noqa: E402
 from ops.dsa.attn_score.sparse import sparse_attn_score_fwd  # noqa: E402
 from ops.dsa.attn_score.sparse_sm90 import SparseAttnScoreSm90  # noqa: E402
 from ops.dsa.indexer.sparse import sparse_indexer_fwd  # noqa: E402
 from ops.dsa.indexer.sparse_sm90 import SparseIndexerScoreSm90  # noqa: E402
 
-for _spec in os.environ.get("SANITIZE_KNOBS", "").split():
-    _name, _value = _spec.split("=")
+# knob_specs takes ',' between specs; a space, this script's former separator, is read as one too
+for _name, _value in knob_specs(os.environ.get("SANITIZE_KNOBS", "").replace(" ", ",")).items():
     for _cls in (SparseIndexerScoreSm90, SparseAttnScoreSm90):
         assert hasattr(_cls, _name), f"SANITIZE_KNOBS: {_cls.__name__} has no knob {_name}"
-        setattr(_cls, _name, int(_value))
+        setattr(_cls, _name, _value)
     print(f"sanitize_dsa_sparse_scores: {_name} = {_value}")
 
 
