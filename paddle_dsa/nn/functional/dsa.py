@@ -184,7 +184,9 @@ def indexer_topk(scores, k, *, lengths=None, sorted=True):
     Args:
         scores: float [B, Sq, Sk] (or THD [Tq, W]), e.g. from indexer_score; -inf / non-finite entries are
             never selected. k: int >= 1 (any size; k > Sk pads with -1).
-        lengths: optional int32 [B, Sq] (THD [Tq]): row r considers only its first lengths[r] columns.
+        lengths: optional int32 [B, Sq] (THD [Tq]): row r considers only its first lengths[r] columns. For
+            causal scores, pass each row's visible key count: the selection is the same and the kernel reads about
+            half of the bytes (docs/dsa.md, "Pass lengths for causal scores").
         sorted: True (default): by descending score, ties lower column first. False: the same columns in
             ascending column order, -1 padding last (deterministic; sparse attention does not depend on the
             slot order).
