@@ -278,7 +278,7 @@ def bench_indexer_topk(S, H, K, iters, dsa, topk_fwd, notes):
         with_len = idx.clone()
         topk_fwd(s, idx, stream=st)
         if not torch.equal(with_len, idx):
-            notes.append("ours: the causal lengths changed the selection (they must not: past them the scores are -inf)")
+            notes.append("ours: the causal lengths changed the selection (they must not: past them scores are -inf)")
         for tag, ln in (("", lens), (" full", full)):
             res["ours_topk" + tag] = time_or_note(lambda ln=ln: topk_fwd(s, idx, lengths=ln.view(1, S), stream=st),
                                                   iters, notes, "ours top-k" + tag)

@@ -44,10 +44,11 @@ One read (SAMPLE = 1, the default; sampled_select). Passes A and B read the row 
 histogram; most rows need neither. S: a sample of NT x V scores (one 16-byte vector a thread, at evenly spaced
 columns) gives a threshold t_f: the lower edge of the 18-bit key prefix (the pass-0 digit, then a 7-bit one) of its
 j-th largest finite key, j = m + 4 sqrt(m) + 2 (SAMPLE_SIGMA 4: 4 standard deviations; m + m / 2 + 10 at 0) for the
-m = k NT V / W sample scores expected above the row's k-th largest; a sample with fewer than j finite scores takes t_f = -FLT_MAX (every finite score). Rows
-of W <= CAND take the two passes (faster there: H100 A/B below). Then one read of the row: the scores in [t_f, +inf)
-are appended to the candidates as (key, column) (append_above: one warp scan and one atomic a warp per tile, entries
-past CAND counted, not written). If at most CAND passed and at least k (or t_f is -FLT_MAX), the row's k largest are
+m = k NT V / W sample scores expected above the row's k-th largest; a sample with fewer than j finite scores takes
+t_f = -FLT_MAX (every finite score). Rows of W <= CAND take the two passes (faster there: H100 A/B below). Then one
+read of the row: the scores in [t_f, +inf) are appended to the candidates as (key, column) (append_above: one warp
+scan and one atomic a warp per tile, entries past CAND counted, not written). If at most CAND passed and at least k
+(or t_f is -FLT_MAX), the row's k largest are
 all candidates: at most k of them are all taken, else the pass-0 histogram of the candidates alone and
 passes 1-3 over them (refine) give T, and the gather and ties are the two passes' (ties ranked over the row). Every
 key equal to T is >= t_f, so the tie count is exact; keys below t_f are all below T and change no digit's rank from

@@ -226,7 +226,7 @@ class TopkSm90(SelectionSort):
         exist). Every histogram is read after the barrier that follows its writers."""
         if cutlass.const_expr(digits is None):
             digits = self.REFINE_DIGITS
-        assert sum(digits) == SHIFT0 and max(digits) <= 32 - SHIFT0, "REFINE_DIGITS: the bits below pass 0, in hist"
+        assert sum(digits) == SHIFT0 and max(digits) <= 32 - SHIFT0, "refine digits: the bits below pass 0, each digit's bins in hist"
         n_cand = misc[6]
         for ps in cutlass.range_constexpr(len(digits)):
             bits = digits[ps]
