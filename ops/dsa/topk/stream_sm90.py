@@ -97,7 +97,8 @@ barrier (sync_threads) that follows all their writers (after pass B: one barrier
 columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
 one-read select: the sample's histogram and count are read after a barrier of all their adders; a histogram is zeroed
 only after the barrier that follows pick_digit's walk of it; misc[1] (the sample's digits) is read by every thread
-before a barrier that precedes its next write; the candidate fill misc[6] is read by every thread after the barrier
+before the barrier that ends the read, and next written after it (no barrier of its own since 2026-12-06 19:10, nor
+one to zero misc[6]: it is 0 from the kernel's first barrier); the candidate fill misc[6] is read by every thread after the barrier
 that ends the read, and the fallback zeroes misc and the histogram only after one more barrier.
 
 Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
@@ -278,9 +279,7 @@ class TopkStreamSm90(TopkSm90):
         else:
             for i in cutlass.range_constexpr(BINS0 // NT):
                 n_ok += hist[tid * (BINS0 // NT) + i]
-        n_ok = self.warp_sum(n_ok)
-        if lane == 0:
-            cute.arch.atomic_add(misc.iterator + 0, n_ok)
+        self.add_selectable(misc, n_ok, lane)
         cute.arch.sync_threads()
         n_valid = misc[0]
 
@@ -344,14 +343,12 @@ class TopkStreamSm90(TopkSm90):
             if cutlass.const_expr(self.L2_START > 0):
                 if tid == 0:
                     self.prefetch_span(gS, Int32(0), width, self.L2_START)
+            sk = cute.make_rmem_tensor((V,), Int32)    # the sample's keys (key_of), kept for its second digit
             n_s = Int32(0)
             for e in cutlass.range_constexpr(V):
-                u = self.key_of(su[e])
-                n_s += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
-                self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
-            n_s = self.warp_sum(n_s)
-            if lane == 0:
-                cute.arch.atomic_add(misc.iterator + 0, n_s)
+                sk[e] = self.key_of(su[e])
+                n_s += self.count_pass0(hist, sk[e], lane)
+            self.add_selectable(misc, n_s, lane)
             cute.arch.sync_threads()                # the sample's histogram and count complete
             m = (k * (NT * V)) // width
             j = m + (m >> 1) + 10
@@ -367,19 +364,18 @@ class TopkStreamSm90(TopkSm90):
                     hist[tid] = Int32(0)
                 cute.arch.sync_threads()
                 for e in cutlass.range_constexpr(V):
-                    u = self.key_of(su[e])
+                    u = sk[e]
                     match = u != 0 and ((u ^ (d_s << SHIFT0)) >> SHIFT0) == 0
                     self.hist_add(hist, (u >> (SHIFT0 - 7)) & 127, match, lane)
                 cute.arch.sync_threads()
                 self.pick_digit(hist, part, misc, r_s, 128, tid, lane, warp)
                 cute.arch.sync_threads()
+                # misc[1] is next written by pick_digit after the barriers that follow the one read, and hist is next
+                # written after the barrier that ends it: no barrier here
                 t_f = self.float_of_key((d_s << SHIFT0) | (misc[1] << (SHIFT0 - 7)))
-                cute.arch.sync_threads()            # misc[1] read by every thread before misc is written again
 
-        # one read: every score in [t_f, +inf) a candidate (its key and column)
-        if tid == 0:
-            misc[6] = Int32(0)
-        cute.arch.sync_threads()
+        # one read: every score in [t_f, +inf) a candidate (its key and column); the fill misc[6] is 0 since the
+        # kernel's first barrier (nothing before writes it)
         for t0 in cutlass.range(0, Int32(cutlass.select_(eligible, width, Int32(0))), NT * V * self.U, unroll=1):
             self.prefetch_ahead(gS, t0, width, tid)
             self.load_keys(gS, t0, width, tid, ku, raw=True)

@@ -144,11 +144,8 @@ class TopkSm90(SelectionSort):
                     keys[j] = u                     # in place: this thread's own element
                 else:
                     u = self.key_of(gS[j])
-            n_ok += Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
-            self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
-        n_ok = self.warp_sum(n_ok)
-        if lane == 0:
-            cute.arch.atomic_add(misc.iterator + 0, n_ok)
+            n_ok += self.count_pass0(hist, u, lane)
+        self.add_selectable(misc, n_ok, lane)
         cute.arch.sync_threads()
         n_valid = misc[0]
 
@@ -337,6 +334,20 @@ class TopkSm90(SelectionSort):
             slot = base + cute.arch.popc(ballot & ((Int32(1) << lane) - 1))
             buf_u[slot] = u
             buf_c[slot] = c
+
+    @cute.jit
+    def count_pass0(self, hist, u, lane):
+        """Pass 0 of key u (key_of; 0: not selectable): its digit added to hist (hist_add, warp-uniform); returns 1
+        when u is selectable, else 0 (the caller's count for add_selectable)."""
+        self.hist_add(hist, (u >> SHIFT0) & (BINS0 - 1), u != 0, lane)
+        return Int32(cutlass.select_(u != 0, Int32(1), Int32(0)))
+
+    @cute.jit
+    def add_selectable(self, misc, n, lane):
+        """misc[0] += the warp's sum of n (one atomic a warp); read after the caller's barrier."""
+        n = self.warp_sum(n)
+        if lane == 0:
+            cute.arch.atomic_add(misc.iterator + 0, n)
 
     @cute.jit
     def warp_sum(self, v):
