@@ -4,7 +4,8 @@
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
-# topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) topk_sweep (top-k launch shapes and stages with the causal
+# lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-06 17:14-17:45, all on H100s (an H200 was asked for each time): the whole suite and all 20
 # sanitizer runs passed at 17:14 on 899a626; test_dsa_topk and its sanitizers with SAMPLE_SIGMA 4 and ONE_READ_DIGITS
@@ -115,6 +116,18 @@ if step "top-k knob trial" 100 topk_trial; then
     done
   done
 fi
+if step "top-k launch shapes and stages with the causal lengths" 90 topk_sweep; then
+  # the like-for-like row's form (both sides given the causal row lengths): a row's fixed part dominates there
+  { timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --sweep --causal-lengths
+    timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --stages --causal-lengths; } 2>&1 | grep -v Warn \
+    > "$OUT/topk_sweep.txt"
+  tail -14 "$OUT/topk_sweep.txt"
+fi
+if step "sanitizers with knobs (the SANITIZE_KNOBS parsers)" 60 knob_san; then
+  SANITIZE_KNOBS="LAG=2" GPU_TESTS=none GPU_SANITIZE="$g/sanitize_dsa_sparse_attn.py" SAN_TIMEOUT=60 \
+    timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/knob_san.log" 2>&1
+  grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/knob_san.log"
+fi
 if step "indexer bench rows" 40 bench_rows; then
   IFS=';' read -ra rows <<< "${BENCH_ROWS:-sparse idx rec}"       # row substrings, ';' between them
   timeout $(($(left) - 5)) python3 bench/dsa_indexer.py --rows "${rows[@]}" > "$OUT/bench_rows.txt" 2>&1
@@ -127,10 +140,10 @@ if step "benches" 60 benches; then
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
 fi
 echo "== done at ${SECONDS}s; the summaries again:"
-for f in changed tests sanitize lean; do
+for f in changed tests sanitize lean knob_san; do
   [ -f "$OUT/$f.log" ] && grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/$f.log" | cut -c1-110
 done | tee "$OUT/0_summary.txt"
 # a call brings back the first 8 files of $OUT by name: the summary, the sweeps, the benches and the profiles'
 # summaries (p_*.txt); logs, ncu reports and SASS pages go under z/
 mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT"/*_ncu*.txt "$OUT"/*_sass.* \
-  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null || true   # some globs match nothing
+  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/knob_san.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null || true   # some globs match nothing

@@ -81,13 +81,14 @@ def topk_sort_jobs():
 
 
 def topk_bench_jobs():
-    """bench/topk_breakdown.py --sweep (launch shapes at its rows' keys) and --stages (the stopped launches)."""
+    """bench/topk_breakdown.py --sweep (launch shapes at its rows' keys) and --stages (the stopped launches), each
+    also with --causal-lengths (the keys with lengths)."""
     from ops.dsa.topk import fwd
-    keys = [fwd.variant_key(p, False, False, True) for p in (2048, 64)]
+    keys = [fwd.variant_key(p, hl, False, True) for p in (2048, 64) for hl in (False, True)]
     jobs = [("topk_stream", key, {"U": u, "MIN_BLOCKS": mb}) for u, mb in ((4, 2), (2, 2), (1, 3), (1, 4))
             for key in keys]
-    return jobs + [("topk_stream", fwd.variant_key(2048, False, False, True, col), {"STOP": stop})
-                   for stop in ("A", "threshold", "selection") for col in (False, True)]
+    return jobs + [("topk_stream", fwd.variant_key(2048, hl, False, True, col), {"STOP": stop})
+                   for stop in ("A", "threshold", "selection") for col in (False, True) for hl in (False, True)]
 
 
 def one(job):
