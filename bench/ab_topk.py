@@ -8,7 +8,9 @@ other module (ops/common) is the working tree's. Both kernels run through ops.ds
 checks, padding and launch), the base by swapping stream_sm90.TopkStreamSm90 for the run. Rows: the cases of
 bench/topk_breakdown.py (32K rows: randn W 32K k 2048 / k 64, W 4K k 2048, causal, rounded), in score and column
 order. Each row checks that both kernels select the same set of columns (score order may order ties differently),
-then prints both times and the ratio.
+then prints both times and the ratio. --lengths-rows adds bench/dsa_indexer.py's like-for-like rows: the indexer's
+causal scores at 32K (32 heads, Di 128, its seeded inputs) and the causal randn row, each with the causal row lengths
+(row r: r + 1 and r W / R + 1 columns).
 
 Run (the base files must travel with the working tree):
   python bench/ab_topk.py --prepare REV        here: ops/dsa/topk/_ab_base_{stream,topk,sort}_sm90.py from REV
@@ -89,8 +91,9 @@ def prebuild(a):
             stream_sm90.TopkStreamSm90 = cls
             for p in ks:
                 for col in (False, True):
-                    fwd._CACHE.clear()
-                    fwd.compile_variant(fwd.variant_key(p, False, False, True, col))
+                    for hl in ((False, True) if a.lengths_rows else (False,)):
+                        fwd._CACHE.clear()
+                        fwd.compile_variant(fwd.variant_key(p, hl, False, True, col))
                     print(f"prebuilt {tag} P {p} {'column' if col else 'score'}", flush=True)
     finally:
         stream_sm90.TopkStreamSm90 = cur
@@ -111,19 +114,32 @@ def run(a):
     if a.first:
         cases = cases[:1]
     cases += [(f"randn W32K k{k}", cases[0][1], k) for k in a.extra_k]
+    cases = [c + (None,) for c in cases]          # (name, scores, k, lengths)
+    if a.lengths_rows:
+        W = cases[3][1].shape[1]
+        cases.append(("causal W32K k2048 lengths", cases[3][1], 2048,
+                      (torch.arange(R, device="cuda", dtype=torch.int32) * (W // R) + 1).clamp_(max=W)))
+        if R == W:
+            from dsa_indexer import inputs
+            from ops.dsa.indexer.fwd import indexer_fwd
+            q, kk, w = inputs(R, 32)
+            si = torch.empty(1, R, R, device="cuda")
+            indexer_fwd(q, kk, w, si, None, causal=True, stream=st)
+            cases.append(("indexer 32K H32 k2048 lengths", si.view(R, R), 2048,
+                          torch.arange(1, R + 1, dtype=torch.int32, device="cuda")))
     print(f"# top-k streaming kernel A/B, {torch.cuda.get_device_name()}, {R} rows; ms (median of {a.iters})")
     print(f"{'row':34s} {'base':>8s} {'current':>8s} {'cur/base':>8s}  same selection" +
           "".join(f"  {spec} (ms, /base, same)" for spec in a.knobs))
     fwd.STREAM = True
     try:
         for order in ("score", "column"):
-            for name, s, k in cases:
+            for name, s, k, lens in cases:
                 res = {}
                 for tag, cls in kernels:
                     stream_sm90.TopkStreamSm90 = cls
                     fwd._CACHE.clear()
                     out = torch.full((R, k), -7, dtype=torch.int32, device="cuda")   # -7: never a kernel value
-                    t, _ = device_time(lambda: topk_fwd(s, out, order=order, stream=st), a.iters)
+                    t, _ = device_time(lambda: topk_fwd(s, out, lengths=lens, order=order, stream=st), a.iters)
                     res[tag] = (t, out.clone())
                 (tb, ob), (tc, oc) = res["base"], res["current"]
                 ok = same_selection(ob, oc) and not bool((oc == -7).any())
@@ -149,6 +165,8 @@ if __name__ == "__main__":
     p.add_argument("--knobs", nargs="*", default=[],
                    help='the current kernel also with class knobs, e.g. "SAMPLE_SCORE_MAX_P=2048" "SAMPLE=0" "SORT=key"')
     p.add_argument("--extra-k", nargs="*", type=int, default=[], help="more randn W 32K rows at these k")
+    p.add_argument("--lengths-rows", action="store_true", help="also the causal rows with their row lengths: randn "
+                   "and the indexer's scores (module docstring)")
     p.add_argument("--prebuild", action="store_true", help="compile the variants a run launches into the kernel "
                    "store (PADDLE_DSA_KERNEL_CACHE), no GPU")
     a = p.parse_args()

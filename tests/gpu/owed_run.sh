@@ -5,15 +5,14 @@
 #     BUDGET=560 bash tests/gpu/owed_run.sh
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) topk_sweep (top-k launch shapes and stages with the causal
-# lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
+# (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 17:14-17:45, all on H100s (an H200 was asked for each time): the whole suite and all 20
-# sanitizer runs passed at 17:14 on 899a626; test_dsa_topk and its sanitizers with SAMPLE_SIGMA 4 and ONE_READ_DIGITS
-# (11, 10) as the defaults at 17:29 (HEAD's top-k).
-# Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"): no H200 has run the top-k's bucket
-# ordering, its one read at every k, its L2 prefetch, SAMPLE_SIGMA 4 / ONE_READ_DIGITS (11, 10), or the dense indexer
-# backward at three consumers. Also owed: `python3 bench/topk_breakdown.py --sweep --causal-lengths` (the launch shape
-# for rows of causal lengths, where a row's fixed cost dominates; its variants are in the store).
+# Last runs: 2026-12-06 19:33-19:58, all on H100s (an H200 was asked for each time), on c340f91 (HEAD's kernels): the
+# whole suite (tests), all 20 sanitizer runs, knob_san, topk_trial (the sample cleanup's A/B), topk_sweep and benches
+# passed or ran. The carried store did not load there (built on an AMD CPU machine: ForeignEntry), so the tests step
+# took 529 s. Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); lean (LEAN_GATHER=0 through
+# the knob_specs parser) has not run on a GPU.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),

@@ -2,9 +2,13 @@
 instructions and stall samples go. Prints the total, the share of instructions and of samples by opcode, the
 barrier wait loops' share (SYNCS.PHASECHK / NANOSLEEP: a warp waiting on an mbarrier), and the instructions holding
 the most samples with their top stall reasons (the index is the instruction's row in the page, for reading the SASS
-around it).
+around it). --segments N also splits the page at its CTA barriers (BAR.SYNC / BAR.RED) and prints each stretch between
+two barriers that holds at least 0.4 % of the instructions or samples, with its busiest instruction's executions a
+launch unit (N: CTAs, e.g. the top-k's rows; 16 a row for 16 warps that each run it once): a kernel that reads
+top-down (the top-k: sample, one read, radix passes, gather, ordering, output) is then told stage by stage without
+line info.
 
-Run:  python3 tests/gpu/sass_stalls.py NAME_sass.csv [--top N]
+Run:  python3 tests/gpu/sass_stalls.py NAME_sass.csv [--top N] [--segments CTAS]
 """
 import argparse
 import collections
@@ -50,10 +54,29 @@ def main(a):
         rs = sorted(((num(r, col[h]), h[6:]) for h in reasons), reverse=True)[:2]
         why = ", ".join(f"{n} {round(100 * v / max(num(r, smp), 1))}%" for v, n in rs if v)
         print(f"{i:5d} {100 * num(r, smp) / tot_s:9.1f} {num(r, ex):10d}   {why:26s} {r[src].strip()[:60]}")
+    if a.segments:
+        segments(data, src, ex, smp, num, tot_i, tot_s, a.segments)
+
+
+def segments(data, src, ex, smp, num, tot_i, tot_s, ctas):
+    """The stretches between CTA barriers (module docstring)."""
+    print("rows         % instr  % samples  busiest / CTA   opcodes (% of the stretch's instructions)")
+    start, ins, sam, ops = 0, 0, 0, collections.Counter()
+    for i, r in enumerate(data):
+        ins += num(r, ex)
+        sam += num(r, smp)
+        ops[opcode(r[src])] += num(r, ex)
+        if "BAR.SYNC" in r[src] or "BAR.RED" in r[src] or i == len(data) - 1:
+            if ins / tot_i > 0.004 or sam / tot_s > 0.004:
+                top = " ".join(f"{k}:{round(100 * v / ins)}" for k, v in ops.most_common(5))
+                busiest = max(num(data[j], ex) for j in range(start, i + 1)) / ctas
+                print(f"{start:5d}-{i:5d} {100 * ins / tot_i:7.1f} {100 * sam / tot_s:9.1f} {busiest:13.1f}   {top}")
+            start, ins, sam, ops = i + 1, 0, 0, collections.Counter()
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("csv")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--segments", type=int, default=0, metavar="CTAS", help="the stretches between CTA barriers")
     main(p.parse_args())

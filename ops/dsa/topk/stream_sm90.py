@@ -92,13 +92,18 @@ REFINE_DIGITS (7, 7, 7): with (11, 10) there, rows of 4K columns took 1.02-1.03x
 clear and walk for ~2 K keys). H100 17:20 (bench/ab_topk.py against the prefetch kernel, same selections): both on
 every path 0.96x the time at W 32K k 2048 in both orders, causal 0.96x, rounded 0.96-0.98x, k 64 1.00x; test_dsa_topk
 104 passed and racecheck / memcheck clean with that knob set. NumPy emulation of both: tests/test_topk_stream_select.py.
+The sample's keys formed once, its count shared with the other selects, two barriers before the one read dropped
+(2026-12-06 19:20): H100 19:33-19:48, the whole GPU suite (test_dsa_topk 104 passed, 2 skipped) and racecheck /
+memcheck clean; bench/ab_topk.py against 4bbc746 0.995-1.000x the time on every row, same selections
+(perf/topk_cleanup_2026-12-06T19*). Where a like-for-like row's instructions go (ncu, causal rows with lengths):
+docs/performance.md, 2026-12-06 19:00-20:05.
 Shared-memory handoffs: histogram, selection, candidates, counters and scan partials are each read only after a CTA
 barrier (sync_threads) that follows all their writers (after pass B: one barrier before the fills and the appended
-columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The
-one-read select: the sample's histogram and count are read after a barrier of all their adders; a histogram is zeroed
-only after the barrier that follows pick_digit's walk of it; misc[1] (the sample's digits) is read by every thread
-before the barrier that ends the read, and next written after it (no barrier of its own since 2026-12-06 19:10, nor
-one to zero misc[6]: it is 0 from the kernel's first barrier); the candidate fill misc[6] is read by every thread after the barrier
+columns are read, one after the keys are formed in place); the row itself never goes through shared memory. The one-read
+select: the sample's histogram and count are read after a barrier of all their adders; a histogram is zeroed only after
+the barrier that follows pick_digit's walk of it; misc[1] (the sample's digits) is read by every thread before the
+barrier that ends the read, and next written after it (no barrier of its own since 2026-12-06 19:10, nor one to zero
+misc[6]: it is 0 from the kernel's first barrier); the candidate fill misc[6] is read by every thread after the barrier
 that ends the read, and the fallback zeroes misc and the histogram only after one more barrier.
 
 Lean passes (this form, 2026-12-05): CPU-compiled for sm_90a with no spills (40 registers), emulated in NumPy
