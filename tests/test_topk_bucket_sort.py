@@ -23,11 +23,11 @@ def clz32(x):
     return 32 - u.bit_length()
 
 
-def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True, value_pass=True):
+def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True, value_pass=True, ratio=2):
     """ks: int64 [n] signed keys (int32 values), cols: distinct columns. Returns the slot of each pair, or None when a
-    bucket holds more than BUCKET_MAX pairs (the kernel's fallback)."""
+    bucket holds more than BUCKET_MAX pairs (the kernel's fallback). ratio: SelectionSort.BUCKETS_PER_KEY."""
     n = len(ks)
-    NB = max(2 * P, NT)
+    NB = max(ratio * P, NT)
     log_nb = NB.bit_length() - 1
     kmax = int(ks.max()) if n else I32_MIN
     kmin = int(ks.min()) if n else I32_MAX
@@ -124,12 +124,13 @@ def cases(rng):
     return out
 
 
+@pytest.mark.parametrize("ratio", [2, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_bucket_sort_matches_stable_sort(seed):
+def test_bucket_sort_matches_stable_sort(seed, ratio):
     rng = np.random.default_rng(seed)
     fallbacks = 0
     for name, P, ks, cols in cases(rng):
-        slots = bucket_sort(ks, cols, P, rng)
+        slots = bucket_sort(ks, cols, P, rng, ratio=ratio)
         if slots is None:
             fallbacks += 1
             assert np.bincount(np.unique(ks, return_inverse=True)[1]).max() > 1 or name in ("outlier",), name
@@ -138,7 +139,8 @@ def test_bucket_sort_matches_stable_sort(seed):
     assert fallbacks <= 3
 
 
-def test_randn_selections_never_fall_back():
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_randn_selections_never_fall_back(ratio):
     """The common cases fit in buckets of <= BUCKET_MAX: the top 2048 of a randn row of 32K (key-linear buckets),
     the top half of a row of 4096 or most of one of 2500 (the selection crosses or nears zero: value-linear buckets),
     the top 64, relu-like scores with a sink 1000 times the rest. (A sink in a selection that crosses zero defeats
@@ -148,10 +150,10 @@ def test_randn_selections_never_fall_back():
         for P, n, W in ((2048, 2048, 32768), (64, 64, 32768), (1024, 1000, 32768), (2048, 2048, 4096),
                         (2048, 2048, 2500)):
             x = np.sort(rng.standard_normal(W).astype(np.float32))[::-1][:n]
-            assert bucket_sort(keys_of(x), rng.permutation(W)[:n], P, rng) is not None, (P, n, W)
+            assert bucket_sort(keys_of(x), rng.permutation(W)[:n], P, rng, ratio=ratio) is not None, (P, n, W)
         x = np.sort(np.maximum(rng.standard_normal(32768), 0).astype(np.float32))[::-1][:2048]
         x[0] = 1000.0 * x[1]                          # a sink: key-linear buckets (log-like) absorb it
-        assert bucket_sort(keys_of(x), rng.permutation(32768)[:2048], 2048, rng) is not None
+        assert bucket_sort(keys_of(x), rng.permutation(32768)[:2048], 2048, rng, ratio=ratio) is not None
 
 
 def test_long_run_falls_back():

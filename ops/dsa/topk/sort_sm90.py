@@ -8,12 +8,13 @@ i >= n_sel. ks = u ^ 0x80000000 orders keys as signed ints; padding is u = 0 (ks
 
 Four ways (SORT), same output bits:
   "bucket" (default, every P): a counting sort by key range, then a rank inside each bucket. The selection's largest
-         and smallest keys (warp redux, one atomic max / min a warp) give a shift s that maps [kmin, kmax] onto
-         NB = max(2 P, NT) buckets, bucket = (kmax >> s) - (ks >> s) (descending keys, ascending buckets); an atomic
-         count a pair gives its place in the bucket (arrival order), a CTA scan of the counts (NB / NT buckets a
-         thread) the buckets' first slots; the pairs are written grouped by bucket into sel_u / sel_c (free: every
-         thread holds its own in registers), and each pair's slot = its bucket's first slot + the pairs of its
-         bucket that sort before it (larger key, or equal key and lower column: exact, whatever the arrival order).
+         and smallest keys (warp redux, one atomic max / min a warp) give a shift s that maps [kmin, kmax] onto NB =
+         max(2 P, NT) buckets (BUCKETS_PER_KEY x P with that knob), bucket = (kmax >> s) - (ks >> s) (descending keys,
+         ascending buckets); an atomic count a pair gives its place in the bucket (arrival order), a CTA scan of the
+         counts (NB / NT buckets a thread) the buckets' first slots; the pairs are written grouped by bucket into sel_u
+         / sel_c (free: every thread holds its own in registers), and each pair's slot = its bucket's first slot + the
+         pairs of its bucket that sort before it (larger key, or equal key and lower column: exact, whatever the arrival
+         order).
          7 barriers and about 4 shared-memory accesses a pair plus two a bucket neighbour, against the 66-stage
          network of "key". The key-linear buckets are log-like in the score (they absorb a sink far above the rest)
          but waste most buckets on the binades near zero when the selection reaches or crosses zero (the top half of
@@ -96,6 +97,11 @@ class SelectionSort:
     """Mixin of topk_sm90.TopkSm90: needs self.P (padded k) and self.by_column (the column-order variant)."""
 
     SORT = "bucket"          # "bucket" | "key" | "regs" | "smem" (P < NT: "bucket" or else "smem")
+    # "bucket": NB = max(BUCKETS_PER_KEY x P, NT) buckets; the scratch (cnt) must hold NB counters. 4 (a trial knob,
+    # 2026-12-06, not run on a GPU yet) halves the keys a lane scans in its bucket (the rank loop ran 5.1 times a warp
+    # and element at 2 on causal rows: docs/performance.md, 2026-12-06 19:00-20:05); stream_sm90 then lends the
+    # candidates' two buffers as one scratch of 2 CAND counters
+    BUCKETS_PER_KEY = 2
 
     @cute.jit
     def sort_and_write(self, sel_u, sel_c, cnt, part, misc, gOut, k, tid, width):
@@ -208,7 +214,8 @@ class SelectionSort:
         Needs misc[2] = INT_MIN, misc[3] = INT_MAX and misc[7] = 0 written before its first barrier."""
         P = self.P
         E = max(P // NT, 1)                         # elements a thread (tid * E + r); P < NT: threads past P idle
-        NB = max(2 * P, NT)                         # buckets, in cnt[0:NB]
+        NB = max(self.BUCKETS_PER_KEY * P, NT)      # buckets, in cnt[0:NB]
+        assert NB <= self.scratch_counters(), f"bucket sort: {NB} buckets, {self.scratch_counters()} counters"
         BPT = NB // NT                              # buckets a thread owns in the scan
         LOG_NB = NB.bit_length() - 1
         lane = tid % 32

@@ -92,6 +92,10 @@ REFINE_DIGITS (7, 7, 7): with (11, 10) there, rows of 4K columns took 1.02-1.03x
 clear and walk for ~2 K keys). H100 17:20 (bench/ab_topk.py against the prefetch kernel, same selections): both on
 every path 0.96x the time at W 32K k 2048 in both orders, causal 0.96x, rounded 0.96-0.98x, k 64 1.00x; test_dsa_topk
 104 passed and racecheck / memcheck clean with that knob set. NumPy emulation of both: tests/test_topk_stream_select.py.
+Trial knob (2026-12-06 20:40, CPU only: compiles, NumPy emulation): SelectionSort.BUCKETS_PER_KEY = 4 gives the
+bucket sort 4 P buckets; at P 2048 that is 8192 counters, and the kernel declares cand_u and cand_c as one range lent
+to the ordering (wide_scratch, wide_storage; both are last read by the gather, before the barrier that opens
+sort_and_write). The default (2) traces to the same kernels as before.
 The sample's keys formed once, its count shared with the other selects, two barriers before the one read dropped
 (2026-12-06 19:20): H100 19:33-19:48, the whole GPU suite (test_dsa_topk 104 passed, 2 skipped) and racecheck /
 memcheck clean; bench/ab_topk.py against 4bbc746 0.995-1.000x the time on every row, same selections
@@ -146,6 +150,20 @@ assert BINS0 == 4 * NT       # pass A: threads 0 and NT - 1 own exactly the non-
 U = 2                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
 
+def wide_storage(P):
+    """The shared storage of a variant whose ordering needs 2 CAND counters (TopkStreamSm90.wide_scratch): cand_u and
+    cand_c as one range (cand_u its first half)."""
+    @cute.struct
+    class SharedStorage:
+        sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
+        sel_c: cute.struct.MemRange[Int32, P]
+        cand: cute.struct.MemRange[Int32, 2 * CAND]
+        hist: cute.struct.MemRange[Int32, BINS0]
+        part: cute.struct.MemRange[Int32, NT // 32]
+        misc: cute.struct.MemRange[Int32, 8]
+    return SharedStorage
+
+
 class TopkStreamSm90(TopkSm90):
     """One compiled variant: (P = padded k, has_lengths, rank 3 inputs); scores rows 16-byte aligned."""
 
@@ -167,6 +185,15 @@ class TopkStreamSm90(TopkSm90):
     # (11, 10), two passes over ~2.8 K candidates instead of three (module docstring)
     ONE_READ_DIGITS = (11, 10)
 
+    def wide_scratch(self):
+        """The bucket sort's counters need more than cand_u (BUCKETS_PER_KEY x P > CAND): cand_u and cand_c are then
+        one range of 2 CAND, the ordering's scratch (both are free once the selection is gathered)."""
+        return self.SORT == "bucket" and self.BUCKETS_PER_KEY * self.P > CAND
+
+    def scratch_counters(self):
+        """Counters of the ordering's scratch (sort_sm90.SelectionSort)."""
+        return 2 * CAND if self.wide_scratch() else CAND
+
     def one_read(self):
         """Whether this variant tries the one-read select: SAMPLE, in the column order always, in the score order for
         P <= SAMPLE_SCORE_MAX_P (H100 A/B, 2026-12-06 13:30, bucket ordering: k 2048 0.88x the two passes' time, k 1024
@@ -178,17 +205,20 @@ class TopkStreamSm90(TopkSm90):
         P = self.P
         assert self.U * V <= 16, "take_mask packs a thread's U x V entries into 16-bit halves"
 
-        @cute.struct
-        class SharedStorage:
-            sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
-            sel_c: cute.struct.MemRange[Int32, P]
-            cand_u: cute.struct.MemRange[Int32, CAND]
-            cand_c: cute.struct.MemRange[Int32, CAND]
-            hist: cute.struct.MemRange[Int32, BINS0]
-            part: cute.struct.MemRange[Int32, NT // 32]
-            misc: cute.struct.MemRange[Int32, 8]
+        if cutlass.const_expr(self.wide_scratch()):
+            self.shared_storage = wide_storage(P)
+        else:
+            @cute.struct
+            class SharedStorage:
+                sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
+                sel_c: cute.struct.MemRange[Int32, P]
+                cand_u: cute.struct.MemRange[Int32, CAND]
+                cand_c: cute.struct.MemRange[Int32, CAND]
+                hist: cute.struct.MemRange[Int32, BINS0]
+                part: cute.struct.MemRange[Int32, NT // 32]
+                misc: cute.struct.MemRange[Int32, 8]
 
-        self.shared_storage = SharedStorage
+            self.shared_storage = SharedStorage
         self.kernel(mS, mOut, mLen, k).launch(grid=(self.n_rows(mS), 1, 1), block=(NT, 1, 1), stream=stream,
                                               min_blocks_per_mp=self.MIN_BLOCKS, preferred_smem_carveout=100)
 
@@ -203,8 +233,14 @@ class TopkStreamSm90(TopkSm90):
         st = smem.allocate(self.shared_storage)
         sel_u = st.sel_u.get_tensor(cute.make_layout(P))
         sel_c = st.sel_c.get_tensor(cute.make_layout(P))
-        cand_u = st.cand_u.get_tensor(cute.make_layout(CAND))
-        cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
+        if cutlass.const_expr(self.wide_scratch()):
+            scratch = st.cand.get_tensor(cute.make_layout(2 * CAND))
+            cand_u = cute.make_tensor(scratch.iterator, cute.make_layout(CAND))
+            cand_c = cute.make_tensor(scratch.iterator + CAND, cute.make_layout(CAND))
+        else:
+            cand_u = st.cand_u.get_tensor(cute.make_layout(CAND))
+            cand_c = st.cand_c.get_tensor(cute.make_layout(CAND))
+            scratch = cand_u
         hist = st.hist.get_tensor(cute.make_layout(BINS0))
         part = st.part.get_tensor(cute.make_layout(NT // 32))
         # misc: 0 selectable count, 1 digit, 2 remaining, 3 eq, 4 selection fill, 5 tie carry (pass B: the packed
@@ -260,7 +296,7 @@ class TopkStreamSm90(TopkSm90):
             self.stop_here(gOut, misc, tid)
             return
         # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
+        self.sort_and_write(sel_u, sel_c, scratch, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit

@@ -335,6 +335,10 @@ class TopkSm90(SelectionSort):
             buf_u[slot] = u
             buf_c[slot] = c
 
+    def scratch_counters(self):
+        """Counters of the ordering's scratch (cand_u, sort_sm90.SelectionSort)."""
+        return CAND
+
     @cute.jit
     def count_pass0(self, hist, u, lane):
         """Pass 0 of key u (key_of; 0: not selectable): its digit added to hist (hist_add, warp-uniform); returns 1
