@@ -94,8 +94,8 @@ every path 0.96x the time at W 32K k 2048 in both orders, causal 0.96x, rounded 
 104 passed and racecheck / memcheck clean with that knob set. NumPy emulation of both: tests/test_topk_stream_select.py.
 Trial knob (2026-12-06 20:40, CPU only: compiles, NumPy emulation): SelectionSort.BUCKETS_PER_KEY = 4 gives the
 bucket sort 4 P buckets; at P 2048 that is 8192 counters, and the kernel declares cand_u and cand_c as one range lent
-to the ordering (wide_scratch, wide_storage; both are last read by the gather, before the barrier that opens
-sort_and_write). The default (2) traces to the same kernels as before.
+to the ordering (wide_scratch; both are last read by the gather, before the barrier that opens
+sort_and_write; shared_storage). The default (2) traces to the same kernels as before.
 The sample's keys formed once, its count shared with the other selects, two barriers before the one read dropped
 (2026-12-06 19:20): H100 19:33-19:48, the whole GPU suite (test_dsa_topk 104 passed, 2 skipped) and racecheck /
 memcheck clean; bench/ab_topk.py against 4bbc746 0.995-1.000x the time on every row, same selections
@@ -150,14 +150,19 @@ assert BINS0 == 4 * NT       # pass A: threads 0 and NT - 1 own exactly the non-
 U = 2                        # vectors per thread per tile (TopkStreamSm90.U; bench/topk_breakdown.py --sweep)
 
 
-def wide_storage(P):
-    """The shared storage of a variant whose ordering needs 2 CAND counters (TopkStreamSm90.wide_scratch): cand_u and
-    cand_c as one range (cand_u its first half)."""
+def shared_storage(P, wide):
+    """The kernel's shared storage (56 KiB at P 2048). wide (TopkStreamSm90.wide_scratch: the ordering needs 2 CAND
+    counters): cand_u and cand_c declared as one range, cand_u its first half. Plain Python, outside the traced
+    __call__, so the fields' `if` is not turned into traced control flow."""
     @cute.struct
     class SharedStorage:
         sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
         sel_c: cute.struct.MemRange[Int32, P]
-        cand: cute.struct.MemRange[Int32, 2 * CAND]
+        if wide:
+            cand: cute.struct.MemRange[Int32, 2 * CAND]
+        else:
+            cand_u: cute.struct.MemRange[Int32, CAND]
+            cand_c: cute.struct.MemRange[Int32, CAND]
         hist: cute.struct.MemRange[Int32, BINS0]
         part: cute.struct.MemRange[Int32, NT // 32]
         misc: cute.struct.MemRange[Int32, 8]
@@ -205,20 +210,7 @@ class TopkStreamSm90(TopkSm90):
         P = self.P
         assert self.U * V <= 16, "take_mask packs a thread's U x V entries into 16-bit halves"
 
-        if cutlass.const_expr(self.wide_scratch()):
-            self.shared_storage = wide_storage(P)
-        else:
-            @cute.struct
-            class SharedStorage:
-                sel_u: cute.struct.Align[cute.struct.MemRange[Int32, P], 16]
-                sel_c: cute.struct.MemRange[Int32, P]
-                cand_u: cute.struct.MemRange[Int32, CAND]
-                cand_c: cute.struct.MemRange[Int32, CAND]
-                hist: cute.struct.MemRange[Int32, BINS0]
-                part: cute.struct.MemRange[Int32, NT // 32]
-                misc: cute.struct.MemRange[Int32, 8]
-
-            self.shared_storage = SharedStorage
+        self.shared_storage = shared_storage(P, self.wide_scratch())
         self.kernel(mS, mOut, mLen, k).launch(grid=(self.n_rows(mS), 1, 1), block=(NT, 1, 1), stream=stream,
                                               min_blocks_per_mp=self.MIN_BLOCKS, preferred_smem_carveout=100)
 
