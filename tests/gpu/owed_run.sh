@@ -12,7 +12,9 @@
 # whole suite (tests), all 20 sanitizer runs, knob_san, topk_trial (the sample cleanup's A/B), topk_sweep and benches
 # passed or ran. The carried store did not load there (built on an AMD CPU machine: ForeignEntry), so the tests step
 # took 529 s. Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); lean (LEAN_GATHER=0 through
-# the knob_specs parser) has not run on a GPU.
+# the knob_specs parser) has not run on a GPU; the top-k trial knob BUCKETS_PER_KEY=4 (CPU only):
+# AB_TOPK_ARGS=--lengths-rows AB_TOPK_KNOBS=BUCKETS_PER_KEY=4 TOPK_TRIALS=BUCKETS_PER_KEY=4 STEPS=topk_trial
+# (after python bench/ab_topk.py --prepare HEAD here).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
@@ -90,11 +92,12 @@ if step "ncu of the top-k" 90 ncu_topk; then
   head -30 "$OUT/p_topk.txt"
 fi
 if step "top-k knob trial" 100 topk_trial; then
-  # bench/ab_topk.py (base: the untracked _ab_base_* files of --prepare) with AB_TOPK_KNOBS, the stopped launches
+  # bench/ab_topk.py (base: the untracked _ab_base_* files of --prepare) with AB_TOPK_ARGS and AB_TOPK_KNOBS, the
+  # stopped launches
   # (--stages), then test_dsa_topk and its sanitizers once a knob set of TOPK_TRIALS (';' between sets; the
   # sanitizers with TOPK_SAN_EXTRA appended, e.g. a knob that makes the small configs reach a code path); TOPK_STAGES=0
   # leaves --stages out
-  { timeout $(($(left) - 5)) python3 bench/ab_topk.py --knobs ${AB_TOPK_KNOBS:-}
+  { timeout $(($(left) - 5)) python3 bench/ab_topk.py ${AB_TOPK_ARGS:-} --knobs ${AB_TOPK_KNOBS:-}
     [ "${TOPK_STAGES:-1}" = 1 ] && timeout $(($(left) - 5)) python3 bench/topk_breakdown.py --stages --no-cached
   } 2>&1 | grep -v Warn \
     > "$OUT/ab_topk.txt"
