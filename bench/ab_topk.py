@@ -107,7 +107,7 @@ def run(a):
     from timing import device_time
     cur = stream_sm90.TopkStreamSm90
     kernels = kernels_of(a)
-    from topk_breakdown import topk_cases
+    from topk_breakdown import causal_lengths, topk_cases
     R = a.rows
     st = torch.cuda.current_stream().cuda_stream
     cases = topk_cases(R)
@@ -117,8 +117,7 @@ def run(a):
     cases = [c + (None,) for c in cases]          # (name, scores, k, lengths)
     if a.lengths_rows:
         W = cases[3][1].shape[1]
-        cases.append(("causal W32K k2048 lengths", cases[3][1], 2048,
-                      (torch.arange(R, device="cuda", dtype=torch.int32) * (W // R) + 1).clamp_(max=W)))
+        cases.append(("causal W32K k2048 lengths", cases[3][1], 2048, causal_lengths(R, W)))
         if R == W:
             from dsa_indexer import inputs
             from ops.dsa.indexer.fwd import indexer_fwd

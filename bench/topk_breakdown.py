@@ -54,6 +54,11 @@ def topk_cases(R):
             ("rounded W32K k2048", (rand32 * 4000).round(), 2048)]
 
 
+def causal_lengths(R, W):
+    """Row i of topk_cases' causal scores has i W / R + 1 finite columns (at most W): its row lengths."""
+    return (torch.arange(R, device="cuda", dtype=torch.int32) * (W // R) + 1).clamp_(max=W)
+
+
 def main(a):
     R = a.rows
     st = torch.cuda.current_stream().cuda_stream
@@ -61,7 +66,7 @@ def main(a):
     lens = None
     if a.causal_lengths:     # the causal row with its finite count as the row length (topk_cases' mask)
         W = cases[3][1].shape[1]
-        lens = (torch.arange(R, device="cuda", dtype=torch.int32) * (W // R) + 1).clamp_(max=W)
+        lens = causal_lengths(R, W)
         cases = [("causal W32K k2048 lengths", cases[3][1], 2048)]
     if a.first:
         cases = cases[:1]

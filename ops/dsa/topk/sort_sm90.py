@@ -94,7 +94,8 @@ def network_stages(p):
 
 
 class SelectionSort:
-    """Mixin of topk_sm90.TopkSm90: needs self.P (padded k) and self.by_column (the column-order variant)."""
+    """Mixin of topk_sm90.TopkSm90: needs self.P (padded k), self.by_column (the column-order variant) and
+    self.scratch_counters() (how many int32 counters the cnt scratch passed to sort_and_write holds)."""
 
     SORT = "bucket"          # "bucket" | "key" | "regs" | "smem" (P < NT: "bucket" or else "smem")
     # "bucket": NB = max(BUCKETS_PER_KEY x P, NT) buckets; the scratch (cnt) must hold NB counters. 4 (a trial knob,
