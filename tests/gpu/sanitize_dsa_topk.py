@@ -3,7 +3,7 @@ kernel, stream_sm90) and the same rows at a 4-byte offset (topk_sm90): ties at t
 row past the shared-memory cache, one crowded first digit (the streaming kernel's whole-row fallback), rows whose top
 k hold short runs of equal keys (the "bucket" ordering's atomic places and ranks; a run over BUCKET_MAX and an outlier
 send rows to the "key" ordering, selections that cross zero take its value-linear buckets (and with a sink the
-"key" ordering), relu-like scores with a sink its key-linear ones (the KEY_BUCKET_MAX trial: counted twice), whose atomic slots and in-place run sort run too, and a long run on to the pair
+"key" ordering), whose atomic slots and in-place run sort run too, and a long run on to the pair
 network), and the column order (order="column": the bitmap, and the key sort on
 ~column for a row wider than the bitmap), and rows the streaming kernel's one-read select sends back to its two
 passes (more than 4096 candidates; a misleading sample). Exits
@@ -48,9 +48,7 @@ def main():
     fallback[1, [((t * 2048) // 512) * 4 for t in range(0, 512, 2)]] = 100.0    # a misleading sample
     cross = torch.randn(2, 2500, device=dev)                   # selections that cross zero: value-linear buckets,
     cross[1, 5] = 1e6                                           # and with a sink: the network
-    sink = torch.randn(1, 32768, device=dev).relu()             # relu-like with a sink: key-linear buckets (with
-    sink[0, 5] = 1e4                                            # KEY_BUCKET_MAX 16 at k 300: counted twice that way)
-    for x in (s.reshape(6, 900), s2, crowded, runs, fallback, cross, sink):
+    for x in (s.reshape(6, 900), s2, crowded, runs, fallback, cross):
         buf = torch.empty(x.shape[0], x.shape[1] + 4, device=dev)
         buf[:, 1:x.shape[1] + 1] = x
         for src in (x, buf[:, 1:x.shape[1] + 1]):
