@@ -23,11 +23,9 @@ def clz32(x):
     return 32 - u.bit_length()
 
 
-def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True, value_pass=True, ratio=2,
-                key_max=BUCKET_MAX, buckets_out=None):
+def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=True, value_pass=True, ratio=2):
     """ks: int64 [n] signed keys (int32 values), cols: distinct columns. Returns the slot of each pair, or None when a
-    bucket holds more than BUCKET_MAX pairs (the kernel's fallback). ratio: SelectionSort.BUCKETS_PER_KEY, key_max:
-    SelectionSort.KEY_BUCKET_MAX. buckets_out (a list): receives each pair's bucket."""
+    bucket holds more than BUCKET_MAX pairs (the kernel's fallback). ratio: SelectionSort.BUCKETS_PER_KEY."""
     n = len(ks)
     NB = max(ratio * P, NT)
     log_nb = NB.bit_length() - 1
@@ -42,7 +40,7 @@ def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=Tru
     if n and (b.min() < 0 or b.max() >= NB):
         raise IndexError(f"bucket index {b.min()}..{b.max()} outside [0, {NB})")
     counts = np.bincount(b, minlength=NB) if n else np.zeros(NB, dtype=np.int64)
-    if counts.max() > key_max and value_pass:        # the second mapping: linear in the score value, in float32
+    if counts.max() > BUCKET_MAX and value_pass:     # the second mapping: linear in the score value, in float32
         half = np.float32(0.5)
         fmax = float_of_ks(kmax) * half
         span = np.float32(fmax - float_of_ks(kmin) * half)
@@ -50,11 +48,8 @@ def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=Tru
         with np.errstate(over="raise", invalid="raise"):
             d = ((fmax - float_of_ks(ks) * half) * scale).astype(np.float32)
         assert np.all(d >= 0), "a value bucket below 0"
-        b_key, counts_key = b, counts
         b = np.minimum(d.astype(np.int64), NB - 1)   # cvt.rzi: truncation
         counts = np.bincount(b, minlength=NB)
-        if counts.max() > BUCKET_MAX and counts_key.max() <= BUCKET_MAX:   # key_max < BUCKET_MAX only: key again
-            b, counts = b_key, counts_key
     if counts.max() > BUCKET_MAX:
         return None
     at = np.zeros(n, dtype=np.int64)
@@ -62,22 +57,16 @@ def bucket_sort(ks, cols, P, rng, fix_shift=True, by_key_only=False, arrival=Tru
         members = np.flatnonzero(b == bb)
         at[members] = rng.permutation(len(members)) if arrival else 0
     first = np.concatenate([[0], np.cumsum(counts)])[:NB]
-    gu = np.empty(n, dtype=np.int64)                 # the pairs grouped by bucket, and their buckets (sb)
+    end = np.where(b + 1 < NB, first[np.minimum(b + 1, NB - 1)], n)
+    gu = np.empty(n, dtype=np.int64)
     gc = np.empty(n, dtype=np.int64)
-    gb = np.empty(n, dtype=np.int64)
     gu[first[b] + at] = ks
     gc[first[b] + at] = cols
-    gb[first[b] + at] = b
-    gslot = np.empty(n, dtype=np.int64)              # each grouped pair's slot (a lane each, in the kernel)
-    for j in range(n):
-        lo = first[gb[j]]
-        hi = first[gb[j] + 1] if gb[j] + 1 < NB else n
-        u, c = gu[lo:hi], gc[lo:hi]
-        before = (u > gu[j]) if by_key_only else ((u > gu[j]) | ((u == gu[j]) & (c < gc[j])))
-        gslot[j] = lo + int(before.sum())
-    if buckets_out is not None:
-        buckets_out.append(b)
-    slots = gslot[first[b] + at]                     # back to the pairs' input order
+    slots = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        u, c = gu[first[b[i]]:end[i]], gc[first[b[i]]:end[i]]
+        before = (u > ks[i]) if by_key_only else ((u > ks[i]) | ((u == ks[i]) & (c < cols[i])))
+        slots[i] = first[b[i]] + int(before.sum())
     return slots
 
 
@@ -135,16 +124,13 @@ def cases(rng):
     return out
 
 
-KNOBS = [(2, BUCKET_MAX), (4, BUCKET_MAX), (4, 16)]     # (BUCKETS_PER_KEY, KEY_BUCKET_MAX)
-
-
-@pytest.mark.parametrize("ratio,key_max", KNOBS)
+@pytest.mark.parametrize("ratio", [2, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_bucket_sort_matches_stable_sort(seed, ratio, key_max):
+def test_bucket_sort_matches_stable_sort(seed, ratio):
     rng = np.random.default_rng(seed)
     fallbacks = 0
     for name, P, ks, cols in cases(rng):
-        slots = bucket_sort(ks, cols, P, rng, ratio=ratio, key_max=key_max)
+        slots = bucket_sort(ks, cols, P, rng, ratio=ratio)
         if slots is None:
             fallbacks += 1
             assert np.bincount(np.unique(ks, return_inverse=True)[1]).max() > 1 or name in ("outlier",), name
@@ -153,8 +139,8 @@ def test_bucket_sort_matches_stable_sort(seed, ratio, key_max):
     assert fallbacks <= 3
 
 
-@pytest.mark.parametrize("ratio,key_max", KNOBS)
-def test_randn_selections_never_fall_back(ratio, key_max):
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_randn_selections_never_fall_back(ratio):
     """The common cases fit in buckets of <= BUCKET_MAX: the top 2048 of a randn row of 32K (key-linear buckets),
     the top half of a row of 4096 or most of one of 2500 (the selection crosses or nears zero: value-linear buckets),
     the top 64, relu-like scores with a sink 1000 times the rest. (A sink in a selection that crosses zero defeats
@@ -164,12 +150,10 @@ def test_randn_selections_never_fall_back(ratio, key_max):
         for P, n, W in ((2048, 2048, 32768), (64, 64, 32768), (1024, 1000, 32768), (2048, 2048, 4096),
                         (2048, 2048, 2500)):
             x = np.sort(rng.standard_normal(W).astype(np.float32))[::-1][:n]
-            assert bucket_sort(keys_of(x), rng.permutation(W)[:n], P, rng, ratio=ratio,
-                               key_max=key_max) is not None, (P, n, W)
+            assert bucket_sort(keys_of(x), rng.permutation(W)[:n], P, rng, ratio=ratio) is not None, (P, n, W)
         x = np.sort(np.maximum(rng.standard_normal(32768), 0).astype(np.float32))[::-1][:2048]
         x[0] = 1000.0 * x[1]                          # a sink: key-linear buckets (log-like) absorb it
-        assert bucket_sort(keys_of(x), rng.permutation(32768)[:2048], 2048, rng, ratio=ratio,
-                           key_max=key_max) is not None
+        assert bucket_sort(keys_of(x), rng.permutation(32768)[:2048], 2048, rng, ratio=ratio) is not None
 
 
 def test_long_run_falls_back():
@@ -200,39 +184,3 @@ def test_mutations_are_caught():
     rng = np.random.default_rng(5)
     x = np.sort(rng.standard_normal(2500).astype(np.float32))[::-1][:2048]
     assert bucket_sort(keys_of(x), np.arange(2048), 2048, rng, value_pass=False) is None     # key buckets alone fail
-
-
-def rank_trips(b, P, grouped, rng):
-    """The rank loop's trips a warp, summed over warps, per 32 elements: each lane scans its pair's whole bucket, so
-    a warp runs as often as its largest. grouped: lanes on consecutive grouped pairs (slot r NT + tid, the kernel's
-    way); else on the pairs in arrival order (thread t: pairs t E .. t E + E - 1, in a random arrival)."""
-    n = len(b)
-    size = np.bincount(b)
-    E = max(P // NT, 1)
-    if grouped:
-        lane_sizes = size[np.sort(b)]
-        index = [r * NT + np.arange(NT) for r in range(E)]
-    else:
-        lane_sizes = size[b[rng.permutation(n)]]
-        index = [np.arange(NT) * E + r for r in range(E)]
-    total = 0
-    for idx in index:
-        v = np.where(idx < n, lane_sizes[np.minimum(idx, n - 1)], 0)
-        total += v.reshape(-1, 32).max(axis=1).sum()
-    return total / (n / 32)
-
-
-@pytest.mark.parametrize("ratio,key_max", KNOBS)
-def test_grouped_ranks_take_fewer_trips(ratio, key_max):
-    """The ranks taken over the grouped pairs (a warp's lanes in one or a few buckets) cost fewer rank-loop trips than
-    over the pairs in arrival order (32 random buckets a warp), on the top 2048 of randn rows of 32K and 4K."""
-    rng = np.random.default_rng(11)
-    for W in (32768, 4096):
-        x = np.sort(rng.standard_normal(W).astype(np.float32))[::-1][:2048]
-        got = []
-        assert bucket_sort(keys_of(x), rng.permutation(W)[:2048], 2048, rng, ratio=ratio, key_max=key_max,
-                           buckets_out=got) is not None
-        grouped, arrival = rank_trips(got[0], 2048, True, rng), rank_trips(got[0], 2048, False, rng)
-        assert grouped < 0.85 * arrival, (W, grouped, arrival)
-        if ratio == 4 and key_max == 16:
-            assert grouped < 4.0, (W, grouped)       # against 5.8 / 5.3 arrival-order trips at ratio 2

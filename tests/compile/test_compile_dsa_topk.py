@@ -85,16 +85,13 @@ def test_compile_two_pass_select(monkeypatch, by_column):
     assert fwd.compile_variant(fwd.variant_key(2048, False, False, True, by_column)) is not None
 
 
-@pytest.mark.parametrize("key_max", [32, 16])
 @pytest.mark.parametrize("p", [1024, 2048])
-def test_compile_bucket_ratio(monkeypatch, p, key_max):
+def test_compile_bucket_ratio(monkeypatch, p):
     """The bucket sort at 4 buckets a key (sort_sm90.SelectionSort.BUCKETS_PER_KEY, a trial knob): P 2048 needs 8192
     counters, so the streaming kernel lends cand_u and cand_c as one scratch (wide_scratch); P 1024 fits cand_u.
-    Both orders compile; the row-caching kernel's scratch is cand_u alone, so it stays at 2. key_max: KEY_BUCKET_MAX
-    (16: the key-linear counts redone after a failed value-linear pass)."""
+    Both orders compile; the row-caching kernel's scratch is cand_u alone, so it stays at 2."""
     from ops.dsa.topk import stream_sm90
     monkeypatch.setattr(stream_sm90.TopkStreamSm90, "BUCKETS_PER_KEY", 4)
-    monkeypatch.setattr(stream_sm90.TopkStreamSm90, "KEY_BUCKET_MAX", key_max)
     monkeypatch.setattr(fwd, "_CACHE", {})
     assert stream_sm90.TopkStreamSm90(p, True, False).wide_scratch() == (p == 2048)
     assert fwd.compile_variant(fwd.variant_key(p, True, False, True)) is not None

@@ -12,19 +12,15 @@ Four ways (SORT), same output bits:
          max(2 P, NT) buckets (BUCKETS_PER_KEY x P with that knob), bucket = (kmax >> s) - (ks >> s) (descending keys,
          ascending buckets); an atomic count a pair gives its place in the bucket (arrival order), a CTA scan of the
          counts (NB / NT buckets a thread) the buckets' first slots; the pairs are written grouped by bucket into sel_u
-         / sel_c (free: every thread holds its own in registers), their buckets into sb (the caller's hist), and each
-         grouped pair's slot = its bucket's first slot + the pairs of its bucket that sort before it (larger key, or
-         equal key and lower column: exact, whatever the arrival order). The ranks are taken over the grouped pairs, a
-         warp's lanes on consecutive ones, so the warp's rank loop runs as often as the largest of the few buckets it
-         covers (was: the pairs as they arrived, 32 random buckets a warp; NumPy count on the top 2048 of 32K randn:
-         4.1 trips an element against 5.8).
+         / sel_c (free: every thread holds its own in registers), and each pair's slot = its bucket's first slot + the
+         pairs of its bucket that sort before it (larger key, or equal key and lower column: exact, whatever the arrival
+         order).
          7 barriers and about 4 shared-memory accesses a pair plus two a bucket neighbour, against the 66-stage
          network of "key". The key-linear buckets are log-like in the score (they absorb a sink far above the rest)
          but waste most buckets on the binades near zero when the selection reaches or crosses zero (the top half of
          a row of 4096: buckets of up to 80); when a bucket holds more than BUCKET_MAX the counts are redone with
          buckets linear in the score value, d = (vmax / 2 - v / 2) (NB - 1) / (vmax / 2 - vmin / 2) truncated (halves:
-         no overflow; monotone in v, so still in key order; a span under 1e-30 gives one bucket), 3 barriers more
-         (KEY_BUCKET_MAX, a trial knob: redone past a smaller key-linear bucket).
+         no overflow; monotone in v, so still in key order; a span under 1e-30 gives one bucket), 3 barriers more.
          A bucket of more than BUCKET_MAX with both (a run of equal keys, or a sink in a selection that crosses
          zero) is seen before anything moves and sends the row to "key" (P < NT: "smem"). tests/
          test_topk_bucket_sort.py emulates the index logic on the CPU.
@@ -51,9 +47,8 @@ all their writers; each thread reads back only its own slots of sel_u before it 
 misc[3] (the range) are seeded before the barrier that precedes their atomics and read after the next (B1); the
 counts after B2; part and the too-big flag misc[7] after B3, and misc[7] is cleared (for the value-linear counts or
 the fallback) only after one more barrier; the value-linear counts: buckets zeroed and the flag cleared after B3a,
-counted after B4a, read after B5a, part and the flag after B6a; the first slots after B4;
-the grouped pairs and sb are written after B1 (every thread has read its own
-pairs) and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
+counted after B4a, read after B5a, part and the flag after B6a; the first slots after B4; the grouped pairs are written after B1 (every thread has read its own pairs)
+and read after B5; the ordered columns are written after B6 (every grouped pair read) and read after B7.
 
 Status of "bucket" (H100 only; no H200 was to be had): 2026-12-06 13:30 (perf/topk_bucket_2026-12-06T1330_h100_*,
 key-linear buckets only) and 14:06 (perf/topk_bucket_2026-12-06T1405_h100_*, with the value-linear second count):
@@ -108,20 +103,14 @@ class SelectionSort:
     # and element at 2 on causal rows: docs/performance.md, 2026-12-06 19:00-20:05); stream_sm90 then lends the
     # candidates' two buffers as one scratch of 2 CAND counters
     BUCKETS_PER_KEY = 2
-    # "bucket": the largest key-linear bucket kept; a larger one has the counts redone linear in the value (whose own
-    # limit is BUCKET_MAX, past which the row takes the "key" sort). A trial knob (2026-12-06, not run on a GPU yet):
-    # at BUCKETS_PER_KEY 4 a row of 4096 randn scores passes BUCKET_MAX with key-linear buckets of up to 32 (a warp's
-    # rank loop 18.5 trips an element in the NumPy count of tests/test_topk_bucket_sort.py) where the value-linear
-    # ones hold at most 7 (3.0 trips); 16 sends it there
-    KEY_BUCKET_MAX = BUCKET_MAX
 
     @cute.jit
-    def sort_and_write(self, sel_u, sel_c, cnt, sb, part, misc, gOut, k, tid, width):
+    def sort_and_write(self, sel_u, sel_c, cnt, part, misc, gOut, k, tid, width):
         """After every append (a barrier first): pad the selection to P (u = 0 sorts last), order it, write the k
-        output columns (-1 past n_sel). cnt: scratch_counters() int32 of scratch shared memory, sb: P int32 more
-        (the grouped pairs' buckets) and part NT / 32 int32 (all free at this point). by_column: ascending columns
-        instead of descending scores, through a bitmap of the row's columns when width <= 32 BITMAP_WORDS, else
-        through the sorts below on keys made from the columns (ks = ~column: unique, so no runs)."""
+        output columns (-1 past n_sel). cnt: max(P, BITMAP_WORDS) int32 of scratch shared memory and part NT / 32
+        int32 (both free at this point). by_column: ascending columns instead of descending scores, through a
+        bitmap of the row's columns when width <= 32 BITMAP_WORDS, else through the sorts below on keys made from
+        the columns (ks = ~column: unique, so no runs)."""
         P = self.P
         cute.arch.sync_threads()
         n_sel = misc[4]
@@ -129,9 +118,9 @@ class SelectionSort:
             if width <= 32 * BITMAP_WORDS:
                 self.columns_by_bitmap(sel_c, cnt, part, n_sel, tid, width)
             else:
-                self.pad_and_sort(sel_u, sel_c, cnt, sb, part, misc, n_sel, tid)
+                self.pad_and_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid)
         else:
-            self.pad_and_sort(sel_u, sel_c, cnt, sb, part, misc, n_sel, tid)
+            self.pad_and_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid)
         for i in cutlass.range(tid, k, NT, unroll=1):
             if i < P:
                 gOut[i] = Int32(cutlass.select_(i < n_sel, sel_c[i], Int32(-1)))
@@ -139,7 +128,7 @@ class SelectionSort:
                 gOut[i] = Int32(-1)
 
     @cute.jit
-    def pad_and_sort(self, sel_u, sel_c, cnt, sb, part, misc, n_sel, tid):
+    def pad_and_sort(self, sel_u, sel_c, cnt, part, misc, n_sel, tid):
         """Pad the selection to P and sort it (SORT); ends with the ordered columns in sel_c and a barrier."""
         P = self.P
         for i in cutlass.range(n_sel + tid, P, NT, unroll=1):
@@ -155,7 +144,7 @@ class SelectionSort:
                 misc[3] = Int32(2147483647)         # its smallest, by atomic min
         cute.arch.sync_threads()                    # padding, the flag and the range's seeds written
         if cutlass.const_expr(self.SORT == "bucket"):
-            if self.bucket_rank_sort(sel_u, sel_c, cnt, sb, part, misc, n_sel, tid):
+            if self.bucket_rank_sort(sel_u, sel_c, cnt, part, misc, n_sel, tid):
                 # a bucket over BUCKET_MAX: sel_u / sel_c as on entry; the key sort (P < NT: the network)
                 if cutlass.const_expr(P >= NT):
                     cute.arch.sync_threads()        # every thread read the flag before it is cleared
@@ -220,7 +209,7 @@ class SelectionSort:
 
     # ---------------------------------------------------------------------------------------------- "bucket"
     @cute.jit
-    def bucket_rank_sort(self, sel_u, sel_c, cnt, sb, part, misc, n_sel, tid):
+    def bucket_rank_sort(self, sel_u, sel_c, cnt, part, misc, n_sel, tid):
         """The "bucket" sort (module docstring). Returns True when a bucket holds more than BUCKET_MAX keys: then
         nothing was moved (sel_u / sel_c as on entry, misc[7] nonzero) and the caller orders the row another way.
         Needs misc[2] = INT_MIN, misc[3] = INT_MAX and misc[7] = 0 written before its first barrier."""
@@ -228,7 +217,6 @@ class SelectionSort:
         E = max(P // NT, 1)                         # elements a thread (tid * E + r); P < NT: threads past P idle
         NB = max(self.BUCKETS_PER_KEY * P, NT)      # buckets, in cnt[0:NB]
         assert NB <= self.scratch_counters(), f"bucket sort: {NB} buckets, {self.scratch_counters()} counters"
-        assert self.KEY_BUCKET_MAX <= BUCKET_MAX, "KEY_BUCKET_MAX: the value-linear counts may hold no more"
         BPT = NB // NT                              # buckets a thread owns in the scan
         LOG_NB = NB.bit_length() - 1
         lane = tid % 32
@@ -266,14 +254,16 @@ class SelectionSort:
         s = cutlass.max(bits - LOG_NB, Int32(0))
         s = s + Int32(cutlass.select_((kmax >> s) - (kmin >> s) >= NB, Int32(1), Int32(0)))
         top = kmax >> s
-        self.key_counts(ka, bk, at, cnt, top, s, n_sel, tid, E)
+        for r in cutlass.range_constexpr(E):
+            if tid * E + r < n_sel:
+                bk[r] = top - (ka[r] >> s)
+                at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
         cute.arch.sync_threads()                    # B2: every bucket's count complete
         mine = cute.make_rmem_tensor((BPT,), Int32)
         sc = cute.make_rmem_tensor((2,), Int32)     # (this thread's inclusive warp prefix, its buckets' total)
-        self.count_buckets(cnt, part, misc, mine, sc, tid, BPT, self.KEY_BUCKET_MAX)
+        self.count_buckets(cnt, part, misc, mine, sc, tid, BPT)
         cute.arch.sync_threads()                    # B3: the warps' totals and the flag complete
-        key_flags = misc[7]
-        if key_flags != 0:
+        if misc[7] != 0:
             # key-linear buckets failed (the keys of a selection that crosses zero or reaches near it spread over
             # many binades): buckets linear in the score value, from halves (no overflow), one pass more
             cute.arch.sync_threads()                # B3a: every thread read the flag and its buckets
@@ -291,22 +281,8 @@ class SelectionSort:
                     bk[r] = cutlass.min(Int32(d), Int32(NB - 1))
                     at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
             cute.arch.sync_threads()                # B5a: every bucket's count complete
-            self.count_buckets(cnt, part, misc, mine, sc, tid, BPT, BUCKET_MAX)
+            self.count_buckets(cnt, part, misc, mine, sc, tid, BPT)
             cute.arch.sync_threads()                # B6a: the warps' totals and the flag complete
-            if cutlass.const_expr(self.KEY_BUCKET_MAX < BUCKET_MAX):
-                if misc[7] != 0 and (key_flags & 2) == 0:
-                    # the value-linear buckets failed too (a sink in a selection that crosses zero) where the
-                    # key-linear ones held at most BUCKET_MAX: those again
-                    cute.arch.sync_threads()        # B6b: every thread read the flag and its buckets
-                    for j in cutlass.range_constexpr(BPT):
-                        cnt[tid * BPT + j] = Int32(0)
-                    if tid == 0:
-                        misc[7] = Int32(0)
-                    cute.arch.sync_threads()        # B7b: buckets zeroed, the flag cleared
-                    self.key_counts(ka, bk, at, cnt, top, s, n_sel, tid, E)
-                    cute.arch.sync_threads()        # B8b: every bucket's count complete
-                    self.count_buckets(cnt, part, misc, mine, sc, tid, BPT, BUCKET_MAX)
-                    cute.arch.sync_threads()        # B9b: the warps' totals and the flag (clear) complete
         too_big = misc[7] != 0
         if misc[7] == 0:
             incl = sc[0]
@@ -319,59 +295,40 @@ class SelectionSort:
             for r in cutlass.range_constexpr(E):    # the pairs grouped by bucket (every thread read its own: B1)
                 if tid * E + r < n_sel:
                     b = bk[r]
-                    slot = cnt[b] + at[r]
-                    sel_u[slot] = ka[r]
-                    sel_c[slot] = cc[r]
-                    sb[slot] = b
-            cute.arch.sync_threads()                # B5: the grouped pairs complete
-            # each grouped slot j (lanes on consecutive slots: a warp's lanes share one or a few buckets, so its trips
-            # are the largest of those buckets, not of 32 random ones) moves to its bucket's first slot + the pairs of
-            # its bucket that sort before it
-            for r in cutlass.range_constexpr(E):
-                j = r * NT + tid
-                if j < n_sel:
-                    b = sb[j]
-                    u0 = sel_u[j]
-                    c0 = sel_c[j]
                     first = cnt[b]
-                    end = Int32(cutlass.select_(b + 1 < NB, cnt[cutlass.min(b + 1, NB - 1)], n_sel))
+                    sel_u[first + at[r]] = ka[r]
+                    sel_c[first + at[r]] = cc[r]
+                    at[r] = Int32(cutlass.select_(b + 1 < NB, cnt[cutlass.min(b + 1, NB - 1)], n_sel))   # its end
+                    bk[r] = first
+            cute.arch.sync_threads()                # B5: the grouped pairs complete
+            for r in cutlass.range_constexpr(E):    # slot = first slot + the bucket's pairs that sort before
+                if tid * E + r < n_sel:
                     n = Int32(0)
-                    for i in cutlass.range(first, end, 1, unroll=1):
-                        u = sel_u[i]
-                        before = u > u0 or (u == u0 and sel_c[i] < c0)
+                    for j in cutlass.range(bk[r], at[r], 1, unroll=1):
+                        u = sel_u[j]
+                        before = u > ka[r] or (u == ka[r] and sel_c[j] < cc[r])
                         n = n + Int32(cutlass.select_(before, Int32(1), Int32(0)))
-                    bk[r] = first + n
-                    cc[r] = c0
+                    bk[r] = bk[r] + n
             cute.arch.sync_threads()                # B6: every grouped pair read
             for r in cutlass.range_constexpr(E):
-                if r * NT + tid < n_sel:
+                if tid * E + r < n_sel:
                     sel_c[bk[r]] = cc[r]
             cute.arch.sync_threads()                # B7: every column at its slot
         return too_big
 
     @cute.jit
-    def key_counts(self, ka, bk, at, cnt, top, s, n_sel, tid, E: cutlass.Constexpr):
-        """The key-linear bucket of each of this thread's pairs, bk = top - (ks >> s), and its arrival place in it."""
-        for r in cutlass.range_constexpr(E):
-            if tid * E + r < n_sel:
-                bk[r] = top - (ka[r] >> s)
-                at[r] = cute.arch.atomic_add(cnt.iterator + bk[r], Int32(1))
-
-    @cute.jit
-    def count_buckets(self, cnt, part, misc, mine, sc, tid, BPT: cutlass.Constexpr, limit: cutlass.Constexpr):
+    def count_buckets(self, cnt, part, misc, mine, sc, tid, BPT: cutlass.Constexpr):
         """After the counts' barrier: this thread's buckets' counts into mine, sc = (its inclusive warp prefix of
-        their total, the total), the warp's total to part[warp], misc[7] |= 1 when one holds more than limit and
-        |= 2 when more than BUCKET_MAX."""
+        their total, the total), the warp's total to part[warp], misc[7] |= 1 when one holds more than BUCKET_MAX."""
         lane = tid % 32
         total = Int32(0)
         big = Int32(0)
         for j in cutlass.range_constexpr(BPT):
             mine[j] = cnt[tid * BPT + j]
             total = total + mine[j]
-            big = big | Int32(cutlass.select_(mine[j] > limit, Int32(1), Int32(0)))
-            big = big | Int32(cutlass.select_(mine[j] > BUCKET_MAX, Int32(2), Int32(0)))
+            big = big | Int32(cutlass.select_(mine[j] > BUCKET_MAX, Int32(1), Int32(0)))
         if big != 0:
-            cute.arch.atomic_or(misc.iterator + 7, big)
+            cute.arch.atomic_or(misc.iterator + 7, Int32(1))
         incl = warp_inclusive_scan(total, lane)
         if lane == 31:
             part[tid // 32] = incl

@@ -288,7 +288,7 @@ class TopkStreamSm90(TopkSm90):
             self.stop_here(gOut, misc, tid)
             return
         # ---- order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, scratch, hist, part, misc, gOut, k, tid, width)   # hist: free, >= P
+        self.sort_and_write(sel_u, sel_c, scratch, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit

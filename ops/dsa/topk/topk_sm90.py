@@ -55,7 +55,6 @@ CAND = 4096                  # candidate (key, column) pairs after pass 0 (32 Ki
 assert CAND >= max(2048, BITMAP_WORDS)     # cand_u is sort_sm90's scratch (counters, the column bitmap)
 SHIFT0 = 21                  # pass 0 digit: the top 11 bits of u (sign, exponent, 2 mantissa bits: 1/4 binade)
 BINS0 = 1 << (32 - SHIFT0)
-assert BINS0 >= 2048          # hist is sort_sm90's slot-bucket array (P of them) once the selection is gathered
 
 
 def pad_k(k):
@@ -199,7 +198,7 @@ class TopkSm90(SelectionSort):
         if ranked:
             self.take_ties(keys, gS, width, cached, t_u, need, sel_u, sel_c, part, misc, tid, lane, warp)
         # ---- 4. order the selection (sort_sm90), descending by ks, then ascending by column; write k columns
-        self.sort_and_write(sel_u, sel_c, cand_u, hist, part, misc, gOut, k, tid, width)   # hist: free, >= P
+        self.sort_and_write(sel_u, sel_c, cand_u, part, misc, gOut, k, tid, width)
 
     # ------------------------------------------------------------------------------------------ pieces
     @cute.jit
