@@ -8,13 +8,18 @@
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 19:33-19:58, all on H100s (an H200 was asked for each time), on c340f91 (HEAD's kernels): the
-# whole suite (tests), all 20 sanitizer runs, knob_san, topk_trial (the sample cleanup's A/B), topk_sweep and benches
-# passed or ran. The carried store did not load there (built on an AMD CPU machine: ForeignEntry), so the tests step
-# took 529 s. Owed, on an H200: the whole suite on HEAD (STEPS="tests sanitize benches"); lean (LEAN_GATHER=0 through
-# the knob_specs parser) has not run on a GPU; the top-k trial knob BUCKETS_PER_KEY=4 (CPU only):
-# AB_TOPK_ARGS=--lengths-rows AB_TOPK_KNOBS=BUCKETS_PER_KEY=4 TOPK_TRIALS=BUCKETS_PER_KEY=4 STEPS=topk_trial
-# (after python bench/ab_topk.py --prepare HEAD here).
+# Last runs: 2026-12-06 19:33-19:58, all on H100s (an H200 was asked for each time), on c340f91: the whole suite
+# (tests), all 20 sanitizer runs, knob_san, topk_trial, topk_sweep and benches passed or ran. 21:28-23:30: no device
+# machine could be started (twelve tries), so the top-k ordering change (ranks over the grouped pairs; trial knob
+# KEY_BUCKET_MAX) is on branch wip/topk-grouped-rank, CPU only. Owed, first, on a checkout of that branch (after
+# python bench/ab_topk.py --prepare b4c9c01 there; on an AMD CPU machine build the store on the device: device_env.sh):
+#   K="BUCKETS_PER_KEY=4 BUCKETS_PER_KEY=4,KEY_BUCKET_MAX=16"; KN=BUCKETS_PER_KEY=4,KEY_BUCKET_MAX=16
+#   python3 bench/ab_topk.py --prebuild --lengths-rows --knobs $K > $OUT/abpre.txt 2>&1 &
+#   (TOPK_KNOBS=$KN python3 -m pytest -q -x tests/gpu/test_dsa_topk.py > $OUT/knobtests.txt 2>&1) &
+#   CHANGED_TESTS=tests/gpu/test_dsa_topk.py CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py AB_TOPK_ARGS=--lengths-rows \
+#     AB_TOPK_KNOBS="$K" TOPK_TRIALS= TOPK_STAGES=0 STEPS="changed topk_trial" BUDGET=420 bash tests/gpu/owed_run.sh
+#   then sanitize_dsa_topk.py under racecheck and memcheck with TOPK_KNOBS=$KN; then, on an H200, the whole suite on
+# HEAD (STEPS="tests sanitize benches") and lean (LEAN_GATHER=0 through the knob_specs parser, never run on a GPU).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
