@@ -17,7 +17,8 @@ Run (the base files must travel with the working tree):
   python bench/ab_topk.py [--rows N] [--iters N] [--first] [--knobs SPEC ...] [--extra-k K ...]   on the device
     (e.g. --knobs SAMPLE_SCORE_MAX_P=2048 SAMPLE=0 SORT=key --extra-k 512 1024: where the score order's one read
     pays; SORT is sort_sm90.SelectionSort's, a string knob; REFINE_DIGITS=11:10, a tuple: ops.common.switches.knob_value)
-  python bench/ab_topk.py --prebuild [--knobs ...] [--extra-k ...]   here: the variants into the kernel store
+  python bench/ab_topk.py --prebuild [--knobs ...] [--extra-k ...] [--part I/N]   the variants into the kernel store
+    (no GPU needed; --part: N such processes at once, I = 0..N-1, each compiling every N-th variant)
   python bench/ab_topk.py --clean              here: remove the base files
 """
 import argparse
@@ -86,15 +87,20 @@ def prebuild(a):
     from ops.dsa.topk.topk_sm90 import pad_k
     cur = stream_sm90.TopkStreamSm90
     ks = sorted({pad_k(k) for k in [2048, 64] + list(a.extra_k)})
+    part, parts = (int(x) for x in a.part.split("/"))     # this process's share: every parts-th variant
+    n = 0
     try:
         for tag, cls in kernels_of(a):
             stream_sm90.TopkStreamSm90 = cls
             for p in ks:
                 for col in (False, True):
                     for hl in ((False, True) if a.lengths_rows else (False,)):
+                        n += 1
+                        if n % parts != part:
+                            continue
                         fwd._CACHE.clear()
                         fwd.compile_variant(fwd.variant_key(p, hl, False, True, col))
-                    print(f"prebuilt {tag} P {p} {'column' if col else 'score'}", flush=True)
+                        print(f"prebuilt {tag} P {p} {'column' if col else 'score'} lengths {hl}", flush=True)
     finally:
         stream_sm90.TopkStreamSm90 = cur
         fwd._CACHE.clear()
@@ -168,6 +174,8 @@ if __name__ == "__main__":
                    "and the indexer's scores (module docstring)")
     p.add_argument("--prebuild", action="store_true", help="compile the variants a run launches into the kernel "
                    "store (PADDLE_DSA_KERNEL_CACHE), no GPU")
+    p.add_argument("--part", default="0/1", help="with --prebuild: I/N compiles every N-th variant from the I-th, so "
+                   "N processes (I = 0..N-1) share the list")
     a = p.parse_args()
     if a.prebuild:
         prebuild(a)

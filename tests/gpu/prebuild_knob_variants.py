@@ -1,6 +1,7 @@
 """Fill the kernel store with the knob variants the sparse score tests and A/B benches compile (no GPU needed).
 
     PADDLE_DSA_KERNEL_CACHE=/tmp/pdsa_kernels python tests/gpu/prebuild_knob_variants.py [--jobs N]
+        [--topk-knobs SPEC ... [--only-topk-knobs]]
 
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
@@ -91,6 +92,14 @@ def topk_bench_jobs():
                    for stop in ("A", "threshold", "selection") for col in (False, True) for hl in (False, True)]
 
 
+def topk_knob_jobs(spec):
+    """test_dsa_topk.py / sanitize_dsa_topk.py with TOPK_KNOBS=spec: every streaming-kernel key with those knobs."""
+    from ops.common.switches import knob_specs
+    from ops.dsa.topk import fwd
+    kn = knob_specs(spec)
+    return [("topk_stream", key, kn) for key in fwd.all_variant_keys() if key[3]]
+
+
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -112,15 +121,17 @@ def one(job):
 
 def main(a):
     from ops.common.switches import knob_specs
-    jobs = [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
-    jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
-    jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
-    jobs += dense_twin_jobs()
-    jobs += topk_sort_jobs() + topk_bench_jobs()
-    specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
-    for sp in specs:
-        kn = knob_specs(sp)
-        jobs += [("attn", key, kn) for key in AB_KEYS]
+    jobs = [job for sp in a.topk_knobs for job in topk_knob_jobs(sp)]
+    if not a.only_topk_knobs:
+        jobs += [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
+        jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
+        jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
+        jobs += dense_twin_jobs()
+        jobs += topk_sort_jobs() + topk_bench_jobs()
+        specs = a.knobs if a.knobs is not None else ["LAG=0", "LAG=3"]
+        for sp in specs:
+            kn = knob_specs(sp)
+            jobs += [("attn", key, kn) for key in AB_KEYS]
     t0, failed = time.time(), 0
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(a.jobs, maxtasksperchild=1) as pool:     # one variant a process: knobs are class state
@@ -135,4 +146,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--knobs", nargs="*", default=None, help="bench/ab_attn_score.py knob specs NAME=INT[,NAME=INT]")
+    p.add_argument("--topk-knobs", nargs="*", default=[], help="TOPK_KNOBS specs (NAME=VALUE,...): every streaming "
+                   "top-k key with those TopkStreamSm90 knobs, what test_dsa_topk and sanitize_dsa_topk compile")
+    p.add_argument("--only-topk-knobs", action="store_true", help="only the --topk-knobs variants")
     sys.exit(main(p.parse_args()))
