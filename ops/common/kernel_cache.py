@@ -16,9 +16,12 @@ own cache key: arch, compiler options, debug / line info, ...; not the runtime l
 does not contain), the compile options, the DSL version and the machine type. Whatever changes the traced code (a
 source edit, a class-attribute knob, a module constant or environment variable read while tracing) changes the key; a
 hit is the code a compile would give. Nothing about the call (shapes, pointers) is in it: the kernels are compiled for
-symbolic shapes. The host code of an entry is compiled for the CPU that built it (LLVM's native target: AVX2 on the CI
-machine), so an entry records that CPU's features and is used only where all of them are present (ForeignEntry:
-compiled here, the entry replaced); so a store built on one machine serves another of the same or a newer CPU.
+symbolic shapes. An entry records the CPU features its host code may use and is used only where all of them are
+present (ForeignEntry: compiled here, the entry replaced). On x86-64 the entry's host code is compiled for a portable
+baseline, x86-64-v3 (AVX2, FMA, BMI; PORTABLE_FEATURES), whatever CPU builds it: every defined function of a copy of
+the module gets that target CPU and feature list before the export, so a store built on an AMD EPYC loads on the
+device's Intel Xeon (LLVM's native target, which the DSL's own JIT path keeps, would use AMD-only instructions such as
+SSE4A). A host without the whole baseline, or another architecture, records and compiles for its own features.
 
 Entry ``<key>.o``: a header (magic, the entry function's name, the build CPU's features, the body's sha256) and the
 object code the DSL itself links for its JIT path (``export_module_to_bytes``, same flags). A hit loads it the way
@@ -132,7 +135,7 @@ def _read_entry(path):
 def _write_entry(path, name, body):
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + name.encode() + b"\n" + " ".join(sorted(host_features())).encode() + b"\n"
+        f.write(MAGIC + name.encode() + b"\n" + " ".join(sorted(entry_features())).encode() + b"\n"
                 + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
     os.replace(tmp, path)
 
@@ -150,9 +153,42 @@ def _load(name, body):
     return tvm_ffi.Function.__from_extern_c__(ptr, keep_alive_object=engine)
 
 
+# the portable host target of an entry on x86-64 (x86-64-v3), as LLVM names it and as /proc/cpuinfo names its features
+PORTABLE_CPU = "x86-64-v3"
+PORTABLE_LLVM_FEATURES = ("avx avx2 bmi bmi2 cmov cx16 cx8 f16c fma fxsr lzcnt mmx movbe popcnt sahf sse sse2 sse3 "
+                          "sse4.1 sse4.2 ssse3 xsave").split()
+PORTABLE_FEATURES = frozenset("avx avx2 bmi1 bmi2 cmov cx16 cx8 f16c fma fxsr abm mmx movbe popcnt lahf_lm sse sse2 "
+                              "pni sse4_1 sse4_2 ssse3 xsave".split())
+
+
+def portable():
+    """True where entries are built for the portable baseline: an x86-64 host that has all of it."""
+    return platform.machine() in ("x86_64", "AMD64") and PORTABLE_FEATURES <= host_features()
+
+
+def entry_features():
+    """The CPU features an entry written here records: the baseline's, or this host's own."""
+    return PORTABLE_FEATURES if portable() else host_features()
+
+
 def _object_code(fn):
+    """The object code of a compiled kernel's host module (its cubin embedded), for the portable baseline where
+    portable(): a copy of the module whose defined functions carry the target CPU and features (LLVM takes a
+    function's target-cpu / target-features over the target machine's native ones)."""
+    from cutlass._mlir import ir
     from cutlass._mlir._mlir_libs._cutlass_ir import _aot_support
-    return _aot_support.export_module_to_bytes(fn.ir_module, format="o", opt_level=3, enable_pic=True)
+    module = fn.ir_module
+    if portable():
+        with module.context:
+            module = ir.Module.parse(module.operation.get_asm(enable_debug_info=False))
+            cpu = ir.StringAttr.get(PORTABLE_CPU)
+            features = ir.Attribute.parse("#llvm.target_features<[%s]>"
+                                          % ", ".join(f'"+{f}"' for f in PORTABLE_LLVM_FEATURES))
+            for op in module.body.operations:
+                if op.operation.name == "llvm.func" and len(op.regions[0].blocks):
+                    op.attributes["target_cpu"] = cpu
+                    op.attributes["target_features"] = features
+    return _aot_support.export_module_to_bytes(module, format="o", opt_level=3, enable_pic=True)
 
 
 def _note(directory, variant):

@@ -5,6 +5,8 @@ launched on this machine). The other processes (a test run, compute-sanitizer) a
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -120,6 +122,35 @@ def test_entry_from_another_cpu(store):
     magic, fn_name, features, rest = path.read_bytes().split(b"\n", 3)
     path.write_bytes(b"\n".join([magic, fn_name, b" ".join(features.split()[:5]), rest]))
     assert type(compile_fill()) is tvm_ffi.Function
+
+
+# what x86-64-v3 host code never holds: AVX-512 registers and embedded broadcasts, and AMD-only instructions (SSE4A,
+# TBM's immediate BEXTR and the like, CLZERO)
+NOT_V3 = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to|\b(extrq|insertq|movnts[sd]|clzero|blcfill|blsfill|"
+                    r"blcmsk|blcs|blsic|t1mskc|tzmsk|bextri)\b")
+
+
+@pytest.mark.skipif(not kernel_cache.portable() or shutil.which("objdump") is None,
+                    reason="an x86-64 host with the x86-64-v3 baseline and objdump")
+def test_entry_host_code_is_portable(store):
+    """An entry's host code is built for x86-64-v3 whatever CPU builds it (so a store built on an AMD EPYC with
+    AVX-512 loads on an Intel Xeon): the header records the baseline's features, the object has no instruction past
+    it; the native export of the same module may (this test's point is the difference where the host has more)."""
+    from ops.dsa.topk import fwd
+    key = fwd.variant_key(2048, True, False, True, False)
+    fwd._CACHE.pop(key, None)
+    fwd.compile_variant(key)
+    (name,) = entries(store)
+    magic, fn_name, features, rest = (store / name).read_bytes().split(b"\n", 3)
+    assert set(features.decode().split()) == kernel_cache.PORTABLE_FEATURES
+    _, body = kernel_cache._read_entry(store / name)
+    obj = store / "body.o"
+    obj.write_bytes(body)
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True,
+                         check=True).stdout
+    assert asm.count("\n") > 500                        # the entry function and the launch code are there
+    past = sorted({m.group(0) for m in NOT_V3.finditer(asm)})
+    assert not past, past[:10]
 
 
 PROCESS = """

@@ -10,9 +10,10 @@ mkdir -p "$OUT"
 # STORE_OUT=1: $OUT/kernel_store.tar.xz), or one built on the CPU machine (PADDLE_DSA_KERNEL_CACHE=/tmp/s python
 # tests/gpu/prebuild_kernels.py --all --jobs 2, and tests/gpu/prebuild_knob_variants.py for the knob variants the
 # sparse score tests and benches compile; then tar -cJf .device/kernel_store.tar.xz -C /tmp/s .). An entry
-# built on a CPU with a feature this host lacks is compiled here instead (ops/common/kernel_cache.py): a store built on
-# an AMD CPU machine does not load on the Intel device host at all (2026-12-06 19:33: every entry refused); build it
-# here in the first call instead (check_project.sh prebuild, STORE_OUT=1) and recompress it with xz -9 -T1. A call whose
+# built on a CPU with a feature this host lacks is compiled here instead (ops/common/kernel_cache.py). Since 2026-12-07
+# an x86-64 entry's host code is built for x86-64-v3 on any CPU (kernel_cache.PORTABLE_FEATURES), so a store built on
+# the AMD CPU machine should load on the Intel device host (before, 2026-12-06 19:33: every entry refused; else build
+# it here in the first call: check_project.sh prebuild, STORE_OUT=1, and recompress it with xz -9 -T1). A call whose
 # working tree and .device/ would pass 64 MiB can carry a subset: tests/gpu/store_subset.py.
 export PADDLE_DSA_KERNEL_CACHE="${PADDLE_DSA_KERNEL_CACHE-/tmp/pdsa_kernels}"
 if [ -n "$PADDLE_DSA_KERNEL_CACHE" ] && [ -f .device/kernel_store.tar.xz ] && [ ! -d "$PADDLE_DSA_KERNEL_CACHE" ]; then
