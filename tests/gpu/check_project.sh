@@ -10,9 +10,10 @@
 # instead of compiling one after another. Every part ends by copying the store's manifest to $OUT/kernel_manifest.jsonl
 # (commit it as tests/gpu/kernel_manifest.jsonl for the next call); STORE_OUT=1 also packs the whole store into
 # $OUT/kernel_store.tar.xz, which the next call carries as .device/kernel_store.tar.xz (device_env.sh unpacks it).
-# Serial times on a cold H100 / H200 (2026-12-05, no store): tests ~1200 s, sanitizers ~770 s. RUN_JOBS 4 has not run
-# yet; six processes at once (two test files and four sanitizer runs, by hand) lost an H100 machine on 2026-12-05 19:35
-# (the call never answered; cause unknown): start with RUN_JOBS=2 and raise it only while the calls come back. Logs to
+# Serial times on a cold H100 / H200 (2026-12-05, no store): tests ~1200 s, sanitizers ~770 s. With the store: tests at
+# RUN_JOBS 4 168 s wall, sanitizers at RUN_JOBS 3 134 s (H100 2026-12-07 00:33, twelve compile processes beside them);
+# six processes at once (two test files and four sanitizer runs, by hand) lost an H100 machine on 2026-12-05 19:35
+# (the call never answered; cause unknown): keep the sanitizers at 3 or fewer. Logs to
 # $OUT; the summary table of each part printed (rc 0 and "N passed" / "0 hazards" / "0 errors" on every row is a pass).
 set -u
 cd "$(dirname "$0")/../.."

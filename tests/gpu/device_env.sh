@@ -12,8 +12,8 @@ mkdir -p "$OUT"
 # sparse score tests and benches compile; then tar -cJf .device/kernel_store.tar.xz -C /tmp/s .). An entry
 # built on a CPU with a feature this host lacks is compiled here instead (ops/common/kernel_cache.py). Since 2026-12-07
 # an x86-64 entry's host code is built for x86-64-v3 on any CPU (kernel_cache.PORTABLE_FEATURES), so a store built on
-# the AMD CPU machine should load on the Intel device host (before, 2026-12-06 19:33: every entry refused; else build
-# it here in the first call: check_project.sh prebuild, STORE_OUT=1, and recompress it with xz -9 -T1). A call whose
+# the AMD CPU machine loads on the Intel device host (2026-12-07 00:33: 766 of 766; before, 12-06 19:33: every entry
+# refused): build it there with tests/gpu/build_store.sh. A call whose
 # working tree and .device/ would pass 64 MiB can carry a subset: tests/gpu/store_subset.py.
 export PADDLE_DSA_KERNEL_CACHE="${PADDLE_DSA_KERNEL_CACHE-/tmp/pdsa_kernels}"
 if [ -n "$PADDLE_DSA_KERNEL_CACHE" ] && [ -f .device/kernel_store.tar.xz ] && [ ! -d "$PADDLE_DSA_KERNEL_CACHE" ]; then

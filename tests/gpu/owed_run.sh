@@ -8,18 +8,13 @@
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-06 19:33-19:58, all on H100s (an H200 was asked for each time), on c340f91: the whole suite
-# (tests), all 20 sanitizer runs, knob_san, topk_trial, topk_sweep and benches passed or ran. 21:28-23:30: no device
-# machine could be started (twelve tries), so the top-k ordering change (ranks over the grouped pairs; trial knob
-# KEY_BUCKET_MAX) is on branch wip/topk-grouped-rank, CPU only. Owed, first, on a checkout of that branch (after
-# python bench/ab_topk.py --prepare b4c9c01 there; on an AMD CPU machine build the store on the device: device_env.sh):
-#   K="BUCKETS_PER_KEY=4 BUCKETS_PER_KEY=4,KEY_BUCKET_MAX=16"; KN=BUCKETS_PER_KEY=4,KEY_BUCKET_MAX=16
-#   python3 bench/ab_topk.py --prebuild --lengths-rows --knobs $K > $OUT/abpre.txt 2>&1 &
-#   (TOPK_KNOBS=$KN python3 -m pytest -q -x tests/gpu/test_dsa_topk.py > $OUT/knobtests.txt 2>&1) &
-#   CHANGED_TESTS=tests/gpu/test_dsa_topk.py CHANGED_SANITIZE=tests/gpu/sanitize_dsa_topk.py AB_TOPK_ARGS=--lengths-rows \
-#     AB_TOPK_KNOBS="$K" TOPK_TRIALS= TOPK_STAGES=0 STEPS="changed topk_trial" BUDGET=420 bash tests/gpu/owed_run.sh
-#   then sanitize_dsa_topk.py under racecheck and memcheck with TOPK_KNOBS=$KN; then, on an H200, the whole suite on
-# HEAD (STEPS="tests sanitize benches") and lean (LEAN_GATHER=0 through the knob_specs parser, never run on a GPU).
+# Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
+# passed (perf/call_2026-12-07T0033_h100.sh, on wip/topk-grouped-rank: main's kernels but the top-k), main's top-k
+# through test_dsa_topk and its sanitizers, bench/dsa_indexer.py. The grouped ranks were 1.000-1.005x: not adopted.
+# The store built on the CPU machine loaded on the device (766 of 766). Owed next, on an H200: first, on this machine,
+# bash tests/gpu/build_store.sh (~16 min on 2 cores; the store into .device/kernel_store.tar.xz), then one call:
+#   STEPS="tests sanitize benches lean" BUDGET=560 bash tests/gpu/owed_run.sh
+# (tests ~170 s and sanitizers ~135 s with the store), and bench/flash_attention.py for issue 12 (not run since 12-03).
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
@@ -56,7 +51,7 @@ if { { [ "$STEPS" = all ] && [ "$(left)" -lt "$FULL_NEED" ]; } || { [ "$STEPS" !
   sed -n '/================ summary/,$p' "$OUT/changed.log"
 fi
 if step "tests" 170 tests; then
-  RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh tests > "$OUT/tests.log" 2>&1
+  RUN_JOBS=${TEST_JOBS:-4} timeout $(($(left) - 5)) bash $g/check_project.sh tests > "$OUT/tests.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/tests.log"
 fi
 if step "sanitize" 110 sanitize; then
