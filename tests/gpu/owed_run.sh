@@ -14,7 +14,10 @@
 # The store built on the CPU machine loaded on the device (766 of 766). Owed next, on an H200: first, on this machine,
 # bash tests/gpu/build_store.sh (~16 min on 2 cores; the store into .device/kernel_store.tar.xz), then one call:
 #   STEPS="tests sanitize benches lean" BUDGET=560 bash tests/gpu/owed_run.sh
-# (tests ~170 s and sanitizers ~135 s with the store), and bench/flash_attention.py for issue 12 (not run since 12-03).
+# (tests ~170 s and sanitizers ~135 s with the store); then, for issue 12 (not run since 12-03), a call with FA4 packed
+# (../shared/device/pack.sh flash-attn-4==4.0.0b36 quack-kernels==0.6.5 ...) and only the flash entries of the store
+# (tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon: the store, the DSL and FA4 do
+# not fit in 64 MiB together): RUN_BENCH=1 GPU_TESTS=none RUN_SANITIZE=0 bash tests/gpu/run_device.sh.
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
