@@ -20,15 +20,16 @@ symbolic shapes. An entry records the CPU features its host code may use and is 
 present (ForeignEntry: compiled here, the entry replaced). On x86-64 the entry's host code is compiled for a portable
 baseline, x86-64-v3 (AVX2, FMA, BMI; PORTABLE_FEATURES), whatever CPU builds it: every defined function of a copy of
 the module gets that target CPU and feature list before the export, so a store built on an AMD EPYC loads on the
-device's Intel Xeon (LLVM's native target, which the DSL's own JIT path keeps, would use AMD-only instructions such as
-SSE4A). A host without the whole baseline, or another architecture, records and compiles for its own features.
+device's Intel Xeon (LLVM's native target, which the DSL's own JIT path keeps, used AVX-512 zmm registers on that
+EPYC, and may use AMD-only extensions such as SSE4A). A host without the whole baseline, or another architecture,
+records and compiles for its own features.
 
-Entry ``<key>.o``: a header (magic, the entry function's name, the build CPU's features, the body's sha256) and the
-object code the DSL itself links for its JIT path (``export_module_to_bytes``, same flags). A hit loads it the way
-the DSL does (JITLink ``BinaryExecutionEngine``, ``__tvm_ffi_<name>``): the same entry function, which checks every
-argument (count, dtype, device, rank, alignment) before a launch as the JIT one does. It is positional-only (no keyword wrapper): every
-seam passes all arguments positionally. Written to a temporary file and renamed, so concurrent processes never see
-half an entry. A corrupt or unreadable entry, or an unwritable directory: one warning, then the plain compile.
+Entry ``<key>.o``: a header (magic, the entry function's name, the CPU features its host code may use, the body's
+sha256) and the object code the DSL itself links for its JIT path (``export_module_to_bytes``, same flags). A hit
+loads it the way the DSL does (JITLink ``BinaryExecutionEngine``, ``__tvm_ffi_<name>``): the same entry function,
+which checks every argument (count, dtype, device, rank, alignment) before a launch as the JIT one does. It is
+positional-only (no keyword wrapper): every seam passes all arguments positionally. Written to a temporary file and
+renamed, so concurrent processes never see half an entry. A corrupt or unreadable entry, or an unwritable directory: one warning, then the plain compile.
 ``CUTE_DSL_KEEP`` set (PTX / cubin dumps): the store is bypassed, so a dump always comes from a real compile.
 
 Manifest ``manifest.jsonl``: one line per entry written by a seam that names its variant
