@@ -24,6 +24,9 @@ Run:  python bench/flash_attention.py                 # forward and backward tab
       python bench/flash_attention.py --bwd --quick --det   # + the deterministic backward's two kernels
                                                       #   (PADDLE_DSA_BWD_DET recompute / ordered)
       python bench/flash_attention.py --host          # host cost of one forward seam call (cProfile)
+      python bench/flash_attention.py --ncu bwd       # one call of ours and of FA4 between cudaProfilerStart / Stop
+        (first of --dims, first of --seqlens or 8192 with --quick, --causal): tests/gpu/profile_pair.sh flash_bwd
+        _main_fast python3 bench/flash_attention.py --ncu bwd --quick --dims 128
 Plot:  python bench/plot_performance.py CSV -o SVG
 """
 import argparse
@@ -43,7 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
-from timing import device_time  # noqa: E402
+from timing import device_time, profile_launches  # noqa: E402
 
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "fa4")
 DET_IMPLS = ("det_recompute", "det_ordered")   # --det: backward only, deterministic=True with det= each kernel
@@ -263,6 +266,43 @@ def profile_host(n=300):
     pstats.Stats(pr).sort_stats("cumulative").print_stats(14)
 
 
+def profile_pair(a):
+    """One call of ours and one of FA4 (if importable) for ncu: pass a.ncu, D / Dv the first of --dims, S the first
+    of --seqlens (8192 with --quick), B = tokens // S, causal with --causal; the backward's forward runs before the
+    profiled range."""
+    from ops.flash_attention.bwd import flash_attn_bwd
+    D, Dv = parse_dims(a.dims)[0]
+    S = 8192 if a.quick else int(a.seqlens.split(",")[0])
+    B, H, dt = max(1, a.tokens // S), a.heads, torch.bfloat16
+    scale, stream = 1.0 / math.sqrt(D), torch.cuda.current_stream().cuda_stream
+    q, k = (torch.randn(B, S, H, D, device="cuda", dtype=dt) for _ in range(2))
+    v, dout = (torch.randn(B, S, H, Dv, device="cuda", dtype=dt) for _ in range(2))
+    out, dq, dk, dv = torch.empty_like(dout), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+    alloc = _ws_alloc()
+    fwd = lambda: flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=a.causal, window=(-1, -1),  # noqa
+                                 stream=stream)
+    fa4, _, err = load_fa4()
+    runs = []
+    if a.ncu == "fwd":
+        runs.append(("ours fwd", fwd))
+        if fa4 is not None:
+            runs.append(("fa4 fwd", lambda: fa4(q, k, v, softmax_scale=scale, causal=a.causal)))
+    else:
+        fwd()
+        runs.append(("ours bwd", lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale,
+                                                        causal=a.causal, window=(-1, -1), alloc=alloc,
+                                                        stream=stream)))
+        if fa4 is not None:
+            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+            o = fa4(qg, kg, vg, softmax_scale=scale, causal=a.causal)
+            o = o[0] if isinstance(o, (tuple, list)) else o
+            runs.append(("fa4 bwd", lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)))
+    print(f"# ncu: {a.ncu} D {D}/{Dv} B {B} S {S} H {H} causal {int(a.causal)}; FA4: "
+          f"{'yes' if fa4 is not None else err}", flush=True)
+    profile_launches(runs)
+
+
 def parse_dims(text):
     """'64,128,192/128' -> [(64, 64), (128, 128), (192, 128)]: D, or D/Dv."""
     out = []
@@ -286,6 +326,9 @@ def parse_args(argv=None):
     ap.add_argument("--csv", default=None, help="CSV path (default $OUT/bench_flash_attention.csv)")
     ap.add_argument("--no-fa4", action="store_true", help="leave FlashAttention-4 out")
     ap.add_argument("--host", action="store_true", help="profile the host cost of the seam call")
+    ap.add_argument("--ncu", choices=("fwd", "bwd"), default=None,
+                    help="one call of ours and of FA4 for ncu (tests/gpu/profile_pair.sh), no timing")
+    ap.add_argument("--causal", action="store_true", help="--ncu: the causal mask")
     ap.add_argument("--det", action="store_true", help="also time the deterministic backward (both kernels); "
                                                        "the ratio columns ours / det-rc and ours / det-ord are the "
                                                        "inverse of det's fraction of the default's speed")
@@ -296,5 +339,7 @@ if __name__ == "__main__":
     args = parse_args()
     if args.host:
         profile_host()
+    elif args.ncu:
+        profile_pair(args)
     else:
         main(args)

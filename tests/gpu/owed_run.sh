@@ -6,7 +6,9 @@
 # STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) topk_sweep (top-k launch shapes and stages with the causal
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
-# (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers).
+# (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers); flash_bench (issue 12's tables
+# against FA4: bench/flash_attention.py, its other head dims, GQA / varlen rows, deterministic backward) and ncu_flash
+# (ncu of our flash backward and FA4's), both with FA4 in .device/whl.
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
 # passed (perf/call_2026-12-07T0033_h100.sh, on wip/topk-grouped-rank: main's kernels but the top-k), main's top-k
@@ -143,6 +145,22 @@ if step "benches" 60 benches; then
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
+fi
+if step "flash-attention benches against FA4 (issue 12)" 120 flash_bench; then
+  # needs FA4 in .device/whl (see the header); the table, the other head dims, the GQA / varlen rows, the deterministic
+  # backward; each CSV under $OUT/z
+  mkdir -p "$OUT/z"
+  { timeout $(($(left) - 5)) python3 bench/flash_attention.py --csv "$OUT/z/fa_table.csv"
+    timeout $(($(left) - 5)) python3 bench/flash_attention_shapes.py
+    timeout $(($(left) - 5)) python3 bench/flash_attention.py --quick --dims 96,192/128,192,256 --csv "$OUT/z/fa_dims.csv"
+    timeout $(($(left) - 5)) python3 bench/flash_attention.py --bwd --quick --det --csv "$OUT/z/fa_det.csv"
+  } 2>&1 | grep -v -E "Warn|^\s*$" > "$OUT/flash_bench.txt"
+  awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /; /^(gqa|varlen) /' "$OUT/flash_bench.txt"
+fi
+if step "ncu of the flash-attention backward, ours and FA4's (D 128, S 8K)" 100 ncu_flash; then
+  timeout $(($(left) - 5)) bash $g/profile_pair.sh flash_bwd _main_fast python3 bench/flash_attention.py --ncu bwd \
+    --quick --dims 128 2>&1 | head -60 > "$OUT/p_flash_bwd.txt"
+  head -40 "$OUT/p_flash_bwd.txt"
 fi
 echo "== done at ${SECONDS}s; the summaries again:"
 for f in changed tests sanitize lean knob_san; do
