@@ -268,8 +268,8 @@ def profile_host(n=300):
 
 def profile_pair(a):
     """One call of ours and one of FA4 (if importable) for ncu: pass a.ncu, D / Dv the first of --dims, S the first
-    of --seqlens (8192 with --quick), B = tokens // S, causal with --causal; the backward's forward runs before the
-    profiled range."""
+    of --seqlens (8192 with --quick), B = tokens // S, causal with --causal, and with --det the deterministic ordered
+    backward too; the backward's forward runs before the profiled range."""
     from ops.flash_attention.bwd import flash_attn_bwd
     D, Dv = parse_dims(a.dims)[0]
     S = 8192 if a.quick else int(a.seqlens.split(",")[0])
@@ -293,6 +293,10 @@ def profile_pair(a):
         runs.append(("ours bwd", lambda: flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale,
                                                         causal=a.causal, window=(-1, -1), alloc=alloc,
                                                         stream=stream)))
+        if a.det:
+            runs.append(("ours bwd det ordered", lambda: flash_attn_bwd(
+                q, k, v, out, dout, lse, dq, dk, dv, softmax_scale=scale, causal=a.causal, window=(-1, -1),
+                alloc=alloc, stream=stream, deterministic=True, det="ordered")))
         if fa4 is not None:
             qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
             o = fa4(qg, kg, vg, softmax_scale=scale, causal=a.causal)

@@ -158,7 +158,7 @@ if step "flash-attention benches against FA4 (issue 12)" 120 flash_bench; then
   awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /; /^(gqa|varlen) /' "$OUT/flash_bench.txt"
 fi
 if step "ncu of the flash-attention backward, ours and FA4's (D 128, S 8K)" 100 ncu_flash; then
-  timeout $(($(left) - 5)) bash $g/profile_pair.sh flash_bwd _main_fast python3 bench/flash_attention.py --ncu bwd \
+  timeout $(($(left) - 5)) bash $g/profile_pair.sh flash_bwd _main_fast python3 bench/flash_attention.py --ncu bwd --det \
     --quick --dims 128 2>&1 | head -60 > "$OUT/p_flash_bwd.txt"
   head -40 "$OUT/p_flash_bwd.txt"
 fi
