@@ -1,11 +1,13 @@
-"""Same-run A/B of the pipelined flash-attention backward's P / dS stores (ops/flash_attention/backward_fast_sm90.py,
-FlashBwdSm90Fast.P_STMATRIX): stmatrix (four 8 x 8 b16 matrices an instruction) against the element-pair stores it
-replaces, at the bench shape B 2, H 16, S 8K, bf16, D 128 / 96 / 64, causal and not, the default mode (the seam's
-PADDLE_DSA_BWD_FAST) and the ordered deterministic form at D 128. Both run through the seam on the same inputs;
-dK and dV must be bitwise equal (per-CTA register sums of the same bf16 P and dS), dQ within the fp32 reordering of
-its bulk reduce-adds. TFLOP/s = 2.5 x the forward's 4 B H S^2 D (half with causal).
+"""Same-run A/B of class knobs of the pipelined flash-attention backward (ops/flash_attention/backward_fast_sm90.py,
+FlashBwdSm90Fast): the defaults against a knob set (--knobs NAME=VALUE,..., ops.common.switches.knob_specs forms), at
+the bench shape B 2, H 16, S 8K, bf16, D 128 / 96 / 64, causal and not, the default mode (the seam's
+PADDLE_DSA_BWD_FAST) and the ordered deterministic form. Both run through the seam on the same inputs; the table
+says whether dK and dV are bitwise equal and how far dQ moved (max |diff| / max |dQ|), and flags NaN. TFLOP/s = 2.5 x
+the forward's 4 B H S^2 D (half with causal).
+Knob sets timed so far: P_STMATRIX=0 (the element-pair P / dS stores, 2026-12-05: stmatrix kept, 1.03x at D 128);
+DQ_COLS_DIMS=64:128 (the column-split dQ of mode 2 at D 64 too, both warpgroups taking one turn in the ordered form).
 
-Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64]
+Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128]
 """
 import argparse
 import os
@@ -18,6 +20,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from flash_attention import _ws_alloc  # noqa: E402  (bench/flash_attention.py: the seam's workspace allocator)
+from ops.common.switches import knob_specs  # noqa: E402
 from ops.flash_attention import bwd as seam  # noqa: E402
 from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast as Kernel  # noqa: E402
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
@@ -28,12 +31,16 @@ def main(a):
     B, H, S = 2, 16, 8192
     st = torch.cuda.current_stream().cuda_stream
     ws = _ws_alloc()
-    caches = {False: {}, True: {}}      # the seam's compile cache per setting: each variant compiles once
-    print(f"# flash backward P / dS stores, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
-    print(f"{'row':30s} {'element pairs':>13s} {'stmatrix':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
+    knobs = knob_specs(a.knobs)
+    for name in knobs:
+        assert hasattr(Kernel, name), f"--knobs: FlashBwdSm90Fast has no knob {name}"
+    settings = {"default": {n: getattr(Kernel, n) for n in knobs}, "knobs": knobs}
+    caches = {s: {} for s in settings}      # the seam's compile cache per setting: each variant compiles once
+    print(f"# flash backward knobs {a.knobs}, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
+    print(f"{'row':30s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
     for D in a.dims:
         for causal in (False, True):
-            for det in ((False, True) if D == 128 else (False,)):
+            for det in (False, True):
                 g = torch.Generator(device="cuda").manual_seed(D + causal)
                 q, k, v, dout = (torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16() for _ in range(4))
                 out = torch.empty_like(q)
@@ -41,30 +48,33 @@ def main(a):
                 scale = D ** -0.5
                 flash_attn_fwd(q, k, v, out, lse, softmax_scale=scale, causal=causal, window=(-1, -1), stream=st)
                 res = {}
-                for stm in (False, True):
-                    Kernel.P_STMATRIX = stm
-                    seam._CACHE = caches[stm]
+                for s, values in settings.items():
+                    for n, val in values.items():
+                        setattr(Kernel, n, val)
+                    seam._CACHE = caches[s]
                     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
                     kw = dict(softmax_scale=scale, causal=causal, window=(-1, -1), alloc=ws, stream=st)
                     if det:
                         kw.update(deterministic=True, det="ordered")
                     t, _ = device_time(lambda: seam.flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, **kw),
                                        a.iters)
-                    res[stm] = (t, dq, dk, dv)
+                    res[s] = (t, dq, dk, dv)
                 flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-                (t0, dq0, dk0, dv0), (t1, dq1, dk1, dv1) = res[False], res[True]
+                (t0, dq0, dk0, dv0), (t1, dq1, dk1, dv1) = res["default"], res["knobs"]
                 same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1))
                 dqd = float((dq0.float() - dq1.float()).abs().max() / dq0.float().abs().max())
                 nan = bool(torch.isnan(dq1).any() or torch.isnan(dk1).any() or torch.isnan(dv1).any())
                 name = f"D{D} {'causal' if causal else 'full'}{' ordered' if det else ''}"
-                print(f"{name:30s} {flops / t0 / 1e12:9.1f} TF {flops / t1 / 1e12:6.1f} TF {t0 / t1:6.3f}  "
+                print(f"{name:30s} {flops / t0 / 1e12:6.1f} TF {flops / t1 / 1e12:6.1f} TF {t0 / t1:6.3f}  "
                       f"{same} / {dqd:.1e}{'  NaN!' if nan else ''}", flush=True)
-    Kernel.P_STMATRIX = True
-    seam._CACHE = caches[True]
+    for n, val in settings["default"].items():
+        setattr(Kernel, n, val)
+    seam._CACHE = caches["default"]
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dims", type=int, nargs="*", default=[128, 96, 64])
+    p.add_argument("--knobs", default="P_STMATRIX=0", help="NAME=VALUE,... (FlashBwdSm90Fast class knobs)")
     main(p.parse_args())

@@ -102,6 +102,7 @@ def _t3(t):
 class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
 
+    DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
@@ -111,14 +112,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # dq_cols (D = 128 only): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
         # over all 128 keys and bulk-reduces its column half (half the reduce traffic of the per-warpgroup
         # partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
-        self.dq_cols = bool(dq_cols) and head_dim == 128
+        self.dq_cols = bool(dq_cols) and head_dim in self.DQ_COLS_DIMS
         self.bm = BLOCK_M_FAST
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
         self.stages = STAGES
         # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators; D = 96 in one
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
-        self.dqn = head_dim if head_dim <= 96 else 64
+        self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
 
     @cute.jit

@@ -96,7 +96,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     if ordered:
         fast = 2
     fast = 0 if deterministic and not ordered else _fast_mode(int(fast))
-    if fast == 2 and head_dim != 128:
+    if fast == 2 and head_dim not in FlashBwdSm90Fast.DQ_COLS_DIMS:
         fast = 1
     key = (dtype_name, head_dim, varlen, deterministic, fast, ordered) + \
         ((v_head_dim,) if v_head_dim != head_dim else ())

@@ -8,7 +8,8 @@
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers); flash_bench (issue 12's tables
 # against FA4: bench/flash_attention.py, its other head dims, GQA / varlen rows, deterministic backward) and ncu_flash
-# (ncu of our flash backward and FA4's), both with FA4 in .device/whl.
+# (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_KNOBS: a flash backward
+# knob set timed by bench/ab_flash_bwd.py, then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with it).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
 # passed (perf/call_2026-12-07T0033_h100.sh, on wip/topk-grouped-rank: main's kernels but the top-k), main's top-k
@@ -146,6 +147,23 @@ if step "benches" 60 benches; then
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
 fi
+if step "flash backward knob trial" 100 flash_trial; then
+  # bench/ab_flash_bwd.py --knobs FLASH_AB_KNOBS (default DQ_COLS_DIMS=64:128: mode 2 at D 64), then test_flash_bwd
+  # (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = the same set
+  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128}
+  timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} --knobs "$kn" 2>&1 |
+    grep -v Warn > "$OUT/ab_flash_bwd.txt"
+  tail -9 "$OUT/ab_flash_bwd.txt"
+  FLASH_BWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_flash_bwd.py \
+    -k "fast2 or ordered" > "$OUT/flash_trial.log" 2>&1
+  echo "test_flash_bwd FLASH_BWD_KNOBS=$kn rc=$? $(tail -1 "$OUT/flash_trial.log")"
+  for tool in racecheck memcheck; do
+    [ "$(left)" -lt 40 ] && { echo "sanitize $tool skipped"; continue; }
+    FLASH_BWD_KNOBS="$kn" timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_bwd.py \
+      > "$OUT/flash_trial_$tool.log" 2>&1
+    echo "sanitize_bwd $tool FLASH_BWD_KNOBS=$kn rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/flash_trial_$tool.log" | tail -1)"
+  done
+fi
 if step "flash-attention benches against FA4 (issue 12)" 120 flash_bench; then
   # needs FA4 in .device/whl (see the header); the table, the other head dims, the GQA / varlen rows, the deterministic
   # backward; each CSV under $OUT/z
@@ -169,4 +187,4 @@ done | tee "$OUT/0_summary.txt"
 # a call brings back the first 8 files of $OUT by name: the summary, the sweeps, the benches and the profiles'
 # summaries (p_*.txt); logs, ncu reports and SASS pages go under z/
 mkdir -p "$OUT/z" && mv "$OUT"/test*.log "$OUT"/*.table "$OUT"/kernel_manifest.jsonl "$OUT"/*_ncu*.txt "$OUT"/*_sass.* \
-  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/knob_san.log "$OUT"/trial*.log "$OUT/z/" 2>/dev/null || true   # some globs match nothing
+  "$OUT"/sanitize.log "$OUT"/changed.log "$OUT"/knob_san.log "$OUT"/trial*.log "$OUT"/flash_trial*.log "$OUT/z/" 2>/dev/null || true   # some globs match nothing

@@ -10,6 +10,7 @@ D = 128, PADDLE_DSA_BWD_FAST=2); deterministic cases run for each kernel of the 
 (PADDLE_DSA_BWD_DET=recompute: the simple kernels, dQ recomputed) and under "ordered" (PADDLE_DSA_BWD_DET=ordered: the
 pipelined kernel with the dQ tiles' reduces in a fixed order, ops/common/tile_order.py; the ``test_ordered_*`` tests
 run under "ordered" only).
+FLASH_BWD_KNOBS="NAME=VALUE,..." sets FlashBwdSm90Fast class knobs first (the knobs on trial; ops.common.switches).
 Run:  python -m pytest -x -q tests/gpu/test_flash_bwd.py     (only the pipelined kernels: add  -k fast;
       the ordered deterministic kernel first, in a time limit (a hang cannot be caught here):
       timeout 300 python tests/gpu/test_flash_bwd.py smoke ordered)
@@ -32,8 +33,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ops.flash_attention.bwd as bwd_mod  # noqa: E402
 from ops.flash_attention.bwd import flash_attn_bwd  # noqa: E402
 from reference import attention_ref, visible_mask  # noqa: E402
+from ops.common.switches import knob_specs  # noqa: E402
+from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast  # noqa: E402
 
 DEV = "cuda"
+for _name, _value in knob_specs(os.environ.get("FLASH_BWD_KNOBS", "")).items():   # knobs on trial (also for
+    assert hasattr(FlashBwdSm90Fast, _name), f"FLASH_BWD_KNOBS: no knob {_name}"  # sanitize_bwd.py, which imports
+    setattr(FlashBwdSm90Fast, _name, _value)                                      # this module), e.g. DQ_COLS_DIMS=64:128
 
 
 _DET_ONLY = {"test_deterministic_numerics", "test_deterministic_bitwise_100"}
