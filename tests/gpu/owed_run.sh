@@ -7,7 +7,8 @@
 # topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) topk_sweep (top-k launch shapes and stages with the causal
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers); flash_bench (issue 12's tables
-# against FA4: bench/flash_attention.py, its other head dims, GQA / varlen rows, deterministic backward) and ncu_flash
+# against FA4: bench/flash_attention.py, the GQA / varlen rows, the deterministic backward), flash_dims (the head dims
+# 96, 192 / 128, 192, 256 against FA4) and ncu_flash
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_KNOBS: a flash backward
 # knob set timed by bench/ab_flash_bwd.py, then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with it).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
@@ -147,6 +148,21 @@ if step "benches" 60 benches; then
     timeout $(($(left) - 5)) python3 bench/sparse_attention.py --bwd; } > "$OUT/benches.txt" 2>&1
   grep -v -E "Warn|^\s*$" "$OUT/benches.txt" | tail -40
 fi
+if step "flash-attention benches against FA4 (issue 12)" 120 flash_bench; then
+  # needs FA4 in .device/whl (see the header); the table, the other head dims, the GQA / varlen rows, the deterministic
+  # backward; each CSV under $OUT/z
+  mkdir -p "$OUT/z"
+  { timeout $(($(left) - 5)) python3 bench/flash_attention.py --csv "$OUT/z/fa_table.csv"
+    timeout $(($(left) - 5)) python3 bench/flash_attention_shapes.py
+    timeout $(($(left) - 5)) python3 bench/flash_attention.py --bwd --quick --det --csv "$OUT/z/fa_det.csv"
+  } 2>&1 | grep -v -E "Warn|^\s*$" > "$OUT/flash_bench.txt"
+  awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /; /^(gqa|varlen) /' "$OUT/flash_bench.txt"
+fi
+if step "flash-attention benches of the other head dims against FA4" 120 flash_dims; then
+  timeout $(($(left) - 5)) python3 bench/flash_attention.py --quick --dims 96,192/128,192,256 --csv "$OUT/z/fa_dims.csv" \
+    2>&1 | grep -v -E "Warn|^\s*$" > "$OUT/flash_dims.txt"
+  awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /' "$OUT/flash_dims.txt"
+fi
 if step "flash backward knob trial" 100 flash_trial; then
   # bench/ab_flash_bwd.py --knobs FLASH_AB_KNOBS (default DQ_COLS_DIMS=64:128: mode 2 at D 64), then test_flash_bwd
   # (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = the same set
@@ -163,17 +179,6 @@ if step "flash backward knob trial" 100 flash_trial; then
       > "$OUT/flash_trial_$tool.log" 2>&1
     echo "sanitize_bwd $tool FLASH_BWD_KNOBS=$kn rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/flash_trial_$tool.log" | tail -1)"
   done
-fi
-if step "flash-attention benches against FA4 (issue 12)" 120 flash_bench; then
-  # needs FA4 in .device/whl (see the header); the table, the other head dims, the GQA / varlen rows, the deterministic
-  # backward; each CSV under $OUT/z
-  mkdir -p "$OUT/z"
-  { timeout $(($(left) - 5)) python3 bench/flash_attention.py --csv "$OUT/z/fa_table.csv"
-    timeout $(($(left) - 5)) python3 bench/flash_attention_shapes.py
-    timeout $(($(left) - 5)) python3 bench/flash_attention.py --quick --dims 96,192/128,192,256 --csv "$OUT/z/fa_dims.csv"
-    timeout $(($(left) - 5)) python3 bench/flash_attention.py --bwd --quick --det --csv "$OUT/z/fa_det.csv"
-  } 2>&1 | grep -v -E "Warn|^\s*$" > "$OUT/flash_bench.txt"
-  awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /; /^(gqa|varlen) /' "$OUT/flash_bench.txt"
 fi
 if step "ncu of the flash-attention backward, ours and FA4's (D 128, S 8K)" 100 ncu_flash; then
   timeout $(($(left) - 5)) bash $g/profile_pair.sh flash_bwd _main_fast python3 bench/flash_attention.py --ncu bwd --det \
