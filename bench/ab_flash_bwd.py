@@ -5,9 +5,10 @@ PADDLE_DSA_BWD_FAST) and the ordered deterministic form. Both run through the se
 says whether dK and dV are bitwise equal and how far dQ moved (max |diff| / max |dQ|), and flags NaN. TFLOP/s = 2.5 x
 the forward's 4 B H S^2 D (half with causal).
 Knob sets timed so far: P_STMATRIX=0 (the element-pair P / dS stores, 2026-12-05: stmatrix kept, 1.03x at D 128);
-DQ_COLS_DIMS=64:128 (the column-split dQ of mode 2 at D 64 too, both warpgroups taking one turn in the ordered form).
+DQ_COLS_DIMS=64:128 (the column-split dQ of mode 2 at D 64 too, both warpgroups taking one turn in the ordered form);
+TURN_PASS=1 (the ordered form passes a turn under the next tile's dQ / dV / dK wgmmas).
 
-Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128]
+Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128 TURN_PASS=1 ...]
 """
 import argparse
 import os
@@ -31,13 +32,17 @@ def main(a):
     B, H, S = 2, 16, 8192
     st = torch.cuda.current_stream().cuda_stream
     ws = _ws_alloc()
-    knobs = knob_specs(a.knobs)
-    for name in knobs:
+    sets = [knob_specs(k) for k in a.knobs]
+    names = sorted({n for ks in sets for n in ks})
+    for name in names:
         assert hasattr(Kernel, name), f"--knobs: FlashBwdSm90Fast has no knob {name}"
-    settings = {"default": {n: getattr(Kernel, n) for n in knobs}, "knobs": knobs}
+    default = {n: getattr(Kernel, n) for n in names}
+    settings = {"default": default, **{k: {**default, **ks} for k, ks in zip(a.knobs, sets)}}
     caches = {s: {} for s in settings}      # the seam's compile cache per setting: each variant compiles once
-    print(f"# flash backward knobs {a.knobs}, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
-    print(f"{'row':30s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
+    print(f"# flash backward knob sets against the defaults, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
+    for k in a.knobs:
+        print(f"# set {k}")
+    print(f"{'row':30s} {'knob set':24s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
     for D in a.dims:
         for causal in (False, True):
             for det in (False, True):
@@ -60,14 +65,16 @@ def main(a):
                                        a.iters)
                     res[s] = (t, dq, dk, dv)
                 flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-                (t0, dq0, dk0, dv0), (t1, dq1, dk1, dv1) = res["default"], res["knobs"]
-                same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1))
-                dqd = float((dq0.float() - dq1.float()).abs().max() / dq0.float().abs().max())
-                nan = bool(torch.isnan(dq1).any() or torch.isnan(dk1).any() or torch.isnan(dv1).any())
+                t0, dq0, dk0, dv0 = res["default"]
                 name = f"D{D} {'causal' if causal else 'full'}{' ordered' if det else ''}"
-                print(f"{name:30s} {flops / t0 / 1e12:6.1f} TF {flops / t1 / 1e12:6.1f} TF {t0 / t1:6.3f}  "
-                      f"{same} / {dqd:.1e}{'  NaN!' if nan else ''}", flush=True)
-    for n, val in settings["default"].items():
+                for k in a.knobs:
+                    t1, dq1, dk1, dv1 = res[k]
+                    same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1))
+                    dqd = float((dq0.float() - dq1.float()).abs().max() / dq0.float().abs().max())
+                    nan = bool(torch.isnan(dq1).any() or torch.isnan(dk1).any() or torch.isnan(dv1).any())
+                    print(f"{name:30s} {k[:24]:24s} {flops / t0 / 1e12:6.1f} TF {flops / t1 / 1e12:6.1f} TF "
+                          f"{t0 / t1:6.3f}  {same} / {dqd:.1e}{'  NaN!' if nan else ''}", flush=True)
+    for n, val in default.items():
         setattr(Kernel, n, val)
     seam._CACHE = caches["default"]
 
@@ -76,5 +83,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dims", type=int, nargs="*", default=[128, 96, 64])
-    p.add_argument("--knobs", default="P_STMATRIX=0", help="NAME=VALUE,... (FlashBwdSm90Fast class knobs)")
+    p.add_argument("--knobs", nargs="+", default=["P_STMATRIX=0"],
+                   help="knob sets NAME=VALUE,... (FlashBwdSm90Fast class knobs), each timed against the defaults")
     main(p.parse_args())

@@ -102,6 +102,9 @@ def _t3(t):
 class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
 
+    # ordered form: where a warpgroup passes its turn on the previous tile's dQ counter. 0: at this tile's reduce
+    # (the first form); 1: under this tile's dQ / dV / dK wgmmas, a tile's elementwise part sooner (trial knob)
+    TURN_PASS = 0
     DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
@@ -482,6 +485,16 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
                         cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, st.index], acc_dK)
                     wg.commit_group()
+                    if cutlass.const_expr(self.ordered and self.TURN_PASS == 1):
+                        if wwarp == 0:
+                            if it > 0:
+                                # the previous tile's reduce (the only bulk group in flight) completes under the
+                                # wgmmas just issued; then its turn passes, a tile's elementwise part sooner
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                prev = slot0 + m_min + (it - 1) % nm
+                                if prev < mSem.shape[1]:
+                                    tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
+                                                                        prev))
                     wg.wait_group(1)
                     # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
                     cute.autovec_copy(acc_dQ, tQsdQ[0])
@@ -510,14 +523,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                                     (bm, D), (m, 0))
                         tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
                         if cutlass.const_expr(self.ordered):
-                            if it > 0:
-                                # the previous tile's reduce has fully completed (not only read its source): its
-                                # turn passes to the next writer of that dQ tile
-                                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                prev = slot0 + m_min + (it - 1) % nm
-                                if prev < mSem.shape[1]:
-                                    tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
-                                                                        prev))
+                            if cutlass.const_expr(self.TURN_PASS == 0):
+                                if it > 0:
+                                    # the previous tile's reduce has fully completed (not only read its source):
+                                    # its turn passes to the next writer of that dQ tile
+                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                    prev = slot0 + m_min + (it - 1) % nm
+                                    if prev < mSem.shape[1]:
+                                        tile_order.pass_turn(self._turn_ptr(
+                                            mSem, hkv * qhead_per_kv + (it - 1) // nm, prev))
                             turn = 2 * cutlass.min(turn_a, (m * bm + turn_c) // bn)
                             if cutlass.const_expr(not self.dq_cols):
                                 turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first

@@ -9,8 +9,8 @@
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers); flash_bench (issue 12's tables
 # against FA4: bench/flash_attention.py, the GQA / varlen rows, the deterministic backward), flash_dims (the head dims
 # 96, 192 / 128, 192, 256 against FA4) and ncu_flash
-# (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_KNOBS: a flash backward
-# knob set timed by bench/ab_flash_bwd.py, then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with it).
+# (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
+# knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
 # passed (perf/call_2026-12-07T0033_h100.sh, on wip/topk-grouped-rank: main's kernels but the top-k), main's top-k
@@ -164,12 +164,14 @@ if step "flash-attention benches of the other head dims against FA4" 120 flash_d
   awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /' "$OUT/flash_dims.txt"
 fi
 if step "flash backward knob trial" 100 flash_trial; then
-  # bench/ab_flash_bwd.py --knobs FLASH_AB_KNOBS (default DQ_COLS_DIMS=64:128: mode 2 at D 64), then test_flash_bwd
-  # (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = the same set
-  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128}
-  timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} --knobs "$kn" 2>&1 |
+  # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: mode 2 at D 64, the early
+  # turn pass, both), then test_flash_bwd (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS
+  # (default: both knobs)
+  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128,TURN_PASS=1}
+  timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} \
+    --knobs ${FLASH_AB_SETS:-DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1} 2>&1 |
     grep -v Warn > "$OUT/ab_flash_bwd.txt"
-  tail -9 "$OUT/ab_flash_bwd.txt"
+  tail -26 "$OUT/ab_flash_bwd.txt"
   FLASH_BWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_flash_bwd.py \
     -k "fast2 or ordered" > "$OUT/flash_trial.log" 2>&1
   echo "test_flash_bwd FLASH_BWD_KNOBS=$kn rc=$? $(tail -1 "$OUT/flash_trial.log")"
