@@ -105,6 +105,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # ordered form: where a warpgroup passes its turn on the previous tile's dQ counter. 0: at this tile's reduce
     # (the first form); 1: under this tile's dQ / dV / dK wgmmas, a tile's elementwise part sooner (trial knob)
     TURN_PASS = 0
+    # 1: S and dP are two wgmma groups; P = exp2(...) is formed (and stored) once S is done, while dP's wgmmas still
+    # run, then dS once dP is done (the same arithmetic, so the same bits). 0: one group, both waited (trial knob)
+    SPLIT_SDP = 0
     DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
@@ -277,6 +280,38 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     p = cute.math.exp2(arg, fastmath=True)
                     s_mn[r, c] = p
                     dp_mn[r, c] = p * (dp_mn[r, c] - dl)
+
+    @cute.jit
+    def _p_fast(self, s_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor, i0, j0, slen_q, slen_k, off,
+                win_left, win_right, scale_log2, need_mask):
+        """s_mn <- P (fp32), _p_ds_fast's first half (SPLIT_SDP = 1)."""
+        if need_mask:
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                i = i0 + c_mn[r, 0][0]
+                lse2 = lse_r[r]
+                lo = i + off - win_left
+                hi = cutlass.min(i + off + win_right, slen_k - 1)
+                row_ok = i < slen_q
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    j = j0 + c_mn[r, c][1]
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    p = cute.math.exp2(arg, fastmath=True)
+                    ok = row_ok & (j >= lo) & (j <= hi)
+                    s_mn[r, c] = cutlass.select_(ok, p, Float32(0.0))
+        else:
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                lse2 = lse_r[r]
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    s_mn[r, c] = cute.math.exp2(arg, fastmath=True)
+
+    @cute.jit
+    def _ds_fast(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, dl_r: cute.Tensor):
+        """dp_mn <- dS = P (dP - Delta) (fp32; P already 0 where masked), _p_ds_fast's second half."""
+        for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
+            dl = dl_r[r]
+            for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
+                dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
 
     # --------------------------------------------------------------- main
     @cute.kernel
@@ -453,18 +488,30 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                         cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrQ[None, None, kb, st.index],
                                   tSrK[None, None, kb], acc_S)
+                    if cutlass.const_expr(self.SPLIT_SDP == 1):
+                        wg.commit_group()
                     for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
                         cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrdO[None, None, kb, st.index],
                                   tPrV[None, None, kb], acc_dP)
                     wg.commit_group()
-                    wg.wait_group(0)
-
-                    self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
-                                    slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
-                    rP.store(acc_S.load().to(dt))
-                    rdS.store(acc_dP.load().to(dt))
-                    self._store_tile(r2s, thr_r2s, rP, tPsP)
-                    self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+                    if cutlass.const_expr(self.SPLIT_SDP == 1):
+                        wg.wait_group(1)      # S done; dP's wgmmas still run under P's exp2 and its store
+                        self._p_fast(acc_mn_view(acc_S), c_mn, lse_r, i0, jw0, slen_q, slen_k, off, win_left,
+                                     win_right, scale_log2, need_mask)
+                        rP.store(acc_S.load().to(dt))
+                        self._store_tile(r2s, thr_r2s, rP, tPsP)
+                        wg.wait_group(0)
+                        self._ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), dl_r)
+                        rdS.store(acc_dP.load().to(dt))
+                        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+                    else:
+                        wg.wait_group(0)
+                        self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
+                                        slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
+                        rP.store(acc_S.load().to(dt))
+                        rdS.store(acc_dP.load().to(dt))
+                        self._store_tile(r2s, thr_r2s, rP, tPsP)
+                        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
