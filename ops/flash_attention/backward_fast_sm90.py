@@ -62,6 +62,16 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
   / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
   "auto" takes this form at D = 128 only.
 
+Trial knobs (2026-12-07, class attributes, defaults trace to the kernels above; CPU: ptxas without wgmma
+serialization, D 128 spills 20 -> 28 B with SPLIT_SDP; timed by bench/ab_flash_bwd.py --knobs, tested with
+FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
+  - SPLIT_SDP = 1: S and dP as two wgmma groups; P is formed and stored once S is done, under dP's wgmmas (FA3 and
+    FA4 overlap the same way), then dS; the same arithmetic in the same order, so the same bits.
+  - DQ_COLS_DIMS = (64, 128): the column-split dQ of mode 2 at D 64 too (32 columns a warpgroup over all 128 keys:
+    half the dQ reduce traffic; in the ordered form both warpgroups take one turn, halving the chain).
+  - TURN_PASS = 1 (ordered form): a warpgroup waits for its previous reduce and passes that turn under the current
+    tile's dQ / dV / dK wgmmas instead of at the current tile's reduce, so the next writer's wait is shorter.
+
 P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
 spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
 addresses of the element-pair stores were what spilled). H200 2026-12-05 (tests/gpu/check_flash_bwd.sh): test_flash_bwd
