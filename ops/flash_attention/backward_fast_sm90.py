@@ -69,6 +69,8 @@ FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     FA4 overlap the same way), then dS; the same arithmetic in the same order, so the same bits.
   - DQ_COLS_DIMS = (64, 128): the column-split dQ of mode 2 at D 64 too (32 columns a warpgroup over all 128 keys:
     half the dQ reduce traffic; in the ordered form both warpgroups take one turn, halving the chain).
+  - DS_STAGES = 2 (mode 2): dS double-buffered (+16 KiB), the tile's second 256-thread barrier dropped (PTX: 4
+    barrier instructions in the loop's form instead of 5); FA4's sm90 backward double-buffers P / dS too.
   - TURN_PASS = 1 (ordered form): a warpgroup waits for its previous reduce and passes that turn under the current
     tile's dQ / dV / dK wgmmas instead of at the current tile's reduce, so the next writer's wait is shorter.
 
@@ -118,6 +120,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # 1: S and dP are two wgmma groups; P = exp2(...) is formed (and stored) once S is done, while dP's wgmmas still
     # run, then dS once dP is done (the same arithmetic, so the same bits). 0: one group, both waited (trial knob)
     SPLIT_SDP = 0
+    # 2 (mode 2 only): dS double-buffered in shared memory (+16 KiB at D 128), so the second 256-thread barrier of a
+    # tile (both warpgroups' dQ wgmmas done with dS before it is rewritten) goes: tile t + 2 rewrites buffer t % 2
+    # only after the first barrier of tile t + 1, which both warpgroups reach with tile t's wgmmas retired (trial knob)
+    DS_STAGES = 1
     DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
@@ -357,7 +363,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
         sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
         sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
-        sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        ds2 = self.DS_STAGES == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
+        if cutlass.const_expr(ds2):
+            l_ds4 = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2, 2),
+                                       order=(0, 1, 2, 3))
+            sdS = smem.allocate_tensor(dt, l_ds4.outer, 1024, l_ds4.inner)
+        else:
+            sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
         bars = smem.allocate_array(Int64, 2 * stages + 1, byte_alignment=8)
         bar_kv = bars + 2 * stages
 
@@ -423,12 +435,19 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 sKw = cute.local_tile(sK, (bnw, D), (cwg, 0))
                 sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
                 sPw = sP[None, None, cwg]
-                sdSw = sdS[None, None, cwg]
+                if cutlass.const_expr(ds2):
+                    sdSw = sdS[None, None, cwg, None]
+                else:
+                    sdSw = sdS[None, None, cwg]
                 if cutlass.const_expr(self.dq_cols):
                     sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
                     # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
-                    l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
-                                              (bm, bn), order=(0, 1))
+                    if cutlass.const_expr(ds2):
+                        l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
+                                                  (bm, bn, 2), order=(0, 1, 2))
+                    else:
+                        l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
+                                                  (bm, bn), order=(0, 1))
                     sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
                 else:
                     sdQw = sdQ[None, None, cwg]
@@ -442,7 +461,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sVw))
                 tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
                 tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
-                tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sdSw)))
+                tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_t3(sdSw) if cutlass.const_expr(ds2) else
+                                                                     _transpose(sdSw)))
                 tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
                 if cutlass.const_expr(self.dq_cols):
                     tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS_all))
@@ -457,7 +477,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
+                if cutlass.const_expr(ds2):
+                    r2s, thr_r2s, (tPsP,) = self._tile_store(mma_sdp, ctid, (sPw,), self.P_STMATRIX)
+                    tPsdS = thr_r2s.partition_D(sdSw) if cutlass.const_expr(self.P_STMATRIX) else \
+                        thr_r2s.partition_C(sdSw)
+                else:
+                    r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -486,6 +511,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     hq = hkv * qhead_per_kv + it // nm
                     m = m_min + it % nm
                     i0 = m * bm
+                    if cutlass.const_expr(ds2):
+                        dsb = it % 2      # this tile's dS buffer
+                        tPsdS_c = tPsdS[None, None, None, dsb]
+                        tKrdSt_c = tKrdSt[None, None, None, dsb]
+                        tQrdS_c = tQrdS[None, None, None, dsb]
+                    else:
+                        tPsdS_c, tKrdSt_c, tQrdS_c = tPsdS, tKrdSt, tQrdS
                     # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
                     for r in cutlass.range_constexpr(2):
                         lse_r[r], dl_r[r] = self._row_stats(mLSE2, mDelta, bb, hq, off_q, i0 + c_mn[r, 0][0], slen_q)
@@ -513,7 +545,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         wg.wait_group(0)
                         self._ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), dl_r)
                         rdS.store(acc_dP.load().to(dt))
-                        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+                        self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
                     else:
                         wg.wait_group(0)
                         self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
@@ -521,7 +553,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         rP.store(acc_S.load().to(dt))
                         rdS.store(acc_dP.load().to(dt))
                         self._store_tile(r2s, thr_r2s, rP, tPsP)
-                        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+                        self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
@@ -533,14 +565,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                     # groups: [dQ chunk 0], [dV, dK]; then each further dQ chunk after the previous one is staged
                     wg.fence()
-                    for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                        cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS[None, None, kb],
+                    for kb in cutlass.range_constexpr(cute.size(tQrdS_c, mode=[2])):
+                        cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS_c[None, None, kb],
                                   tQrKt[0][None, None, kb], acc_dQ)
                     wg.commit_group()
                     for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
                         cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index], acc_dV)
-                    for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
-                        cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, st.index], acc_dK)
+                    for kb in cutlass.range_constexpr(cute.size(tKrdSt_c, mode=[2])):
+                        cute.gemm(mma_dkv, acc_dK, tKrdSt_c[None, None, kb], tKrQt[None, None, kb, st.index], acc_dK)
                     wg.commit_group()
                     if cutlass.const_expr(self.ordered and self.TURN_PASS == 1):
                         if wwarp == 0:
@@ -557,14 +589,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     cute.autovec_copy(acc_dQ, tQsdQ[0])
                     for h in cutlass.range_constexpr(1, nsplit):
                         wg.fence()
-                        for kb in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                            cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS[None, None, kb],
+                        for kb in cutlass.range_constexpr(cute.size(tQrdS_c, mode=[2])):
+                            cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS_c[None, None, kb],
                                       tQrKt[h][None, None, kb], acc_dQ)
                         wg.commit_group()
                         wg.wait_group(0)
                         cute.autovec_copy(acc_dQ, tQsdQ[h])
                     wg.wait_group(0)
-                    if cutlass.const_expr(self.dq_cols):
+                    if cutlass.const_expr(self.dq_cols and not ds2):
                         self._pair_sync()  # both warpgroups' dQ MMAs are done with this dS tile
                     pipe.consumer_release(st)
                     st.advance()

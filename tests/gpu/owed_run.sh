@@ -165,13 +165,13 @@ if step "flash-attention benches of the other head dims against FA4" 120 flash_d
 fi
 if step "flash backward knob trial" 100 flash_trial; then
   # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: P formed under dP's wgmmas,
-  # mode 2 at D 64, the early turn pass, all three), then test_flash_bwd (-k "fast2 or ordered") and sanitize_bwd with
-  # FLASH_BWD_KNOBS = FLASH_AB_KNOBS (default: all three knobs)
-  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1}
+  # dS double-buffered, mode 2 at D 64, the early turn pass, and FLASH_AB_KNOBS), then test_flash_bwd (-k "fast2 or
+  # ordered") and sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS (default: all four knobs)
+  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2}
   timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} \
-    --knobs ${FLASH_AB_SETS:-SPLIT_SDP=1 DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1} 2>&1 |
+    --knobs ${FLASH_AB_SETS:-SPLIT_SDP=1 DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1 $kn} 2>&1 |
     grep -v Warn > "$OUT/ab_flash_bwd.txt"
-  tail -34 "$OUT/ab_flash_bwd.txt"
+  tail -42 "$OUT/ab_flash_bwd.txt"
   FLASH_BWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_flash_bwd.py \
     -k "fast2 or ordered" > "$OUT/flash_trial.log" 2>&1
   echo "test_flash_bwd FLASH_BWD_KNOBS=$kn rc=$? $(tail -1 "$OUT/flash_trial.log")"
