@@ -13,15 +13,18 @@
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
-# passed (perf/call_2026-12-07T0033_h100.sh, on wip/topk-grouped-rank: main's kernels but the top-k), main's top-k
-# through test_dsa_topk and its sanitizers, bench/dsa_indexer.py. The grouped ranks were 1.000-1.005x: not adopted.
-# The store built on the CPU machine loaded on the device (766 of 766). Owed next, on an H200: first, on this machine,
-# bash tests/gpu/build_store.sh (~16 min on 2 cores; the store into .device/kernel_store.tar.xz), then one call:
-#   STEPS="tests sanitize benches lean" BUDGET=560 bash tests/gpu/owed_run.sh
-# (tests ~170 s and sanitizers ~135 s with the store); then, for issue 12 (not run since 12-03), a call with FA4 packed
-# (../shared/device/pack.sh flash-attn-4==4.0.0b36 quack-kernels==0.6.5 ...) and only the flash entries of the store
-# (tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon: the store, the DSL and FA4 do
-# not fit in 64 MiB together): RUN_BENCH=1 GPU_TESTS=none RUN_SANITIZE=0 bash tests/gpu/run_device.sh.
+# passed (perf/call_2026-12-07T0033_h100.sh), main's top-k through test_dsa_topk and its sanitizers, bench/dsa_indexer.py.
+# The 12-07 01:48-04:48 session got no machine (eleven tries). Owed next, in this order:
+#   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS; CPU-compiled, store entries
+#      prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1 DS_STAGES=2
+#      DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2, ~5 min): STEPS=flash_trial
+#      (~250 s);
+#   2) the final tree on an H200: STEPS="tests sanitize benches lean" BUDGET=560 (tests ~170 s, sanitizers ~135 s with the
+#      store: bash tests/gpu/build_store.sh first, ~16 min here);
+#   3) issue 12's tables against FA4 (not run since 12-03): FA4's wheels in .device/whl (../shared/device/pack.sh
+#      flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops, or pip download them there) and only the flash entries of the
+#      store (tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon: the whole store,
+#      the DSL and FA4 do not fit in 64 MiB together): STEPS="flash_bench ncu_flash flash_dims".
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),

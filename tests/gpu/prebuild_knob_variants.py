@@ -1,7 +1,7 @@
 """Fill the kernel store with the knob variants the sparse score tests and A/B benches compile (no GPU needed).
 
     PADDLE_DSA_KERNEL_CACHE=/tmp/pdsa_kernels python tests/gpu/prebuild_knob_variants.py [--jobs N]
-        [--topk-knobs SPEC ... [--only-topk-knobs]]
+        [--topk-knobs SPEC ... [--only-topk-knobs]] [--flash-knobs SPEC ... [--only-flash-knobs]]
 
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
@@ -28,7 +28,8 @@ SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "S
          "idx_bwd": ("ops.dsa.indexer.sparse_bwd", "ops.dsa.indexer.sparse_bwd_sm90", "SparseIndexerBwdSm90"),
          "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.dense_bwd_sm90", "DenseIndexerBwdSm90"),
          "topk": ("ops.dsa.topk.fwd", "ops.dsa.topk.sort_sm90", "SelectionSort"),
-         "topk_stream": ("ops.dsa.topk.fwd", "ops.dsa.topk.stream_sm90", "TopkStreamSm90")}
+         "topk_stream": ("ops.dsa.topk.fwd", "ops.dsa.topk.stream_sm90", "TopkStreamSm90"),
+         "flash_bwd": ("ops.flash_attention.bwd", "ops.flash_attention.backward_fast_sm90", "FlashBwdSm90Fast")}
 # test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
 GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
                 ("attn", (576, 128, False, True), (576, 128, True, False)),
@@ -100,6 +101,17 @@ def topk_knob_jobs(spec):
     return [("topk_stream", key, kn) for key in fwd.all_variant_keys() if key[3]]
 
 
+def flash_knob_jobs(spec):
+    """tests/gpu/owed_run.sh's flash_trial with FlashBwdSm90Fast knobs spec: the pipelined backward's mode-2 and
+    ordered variants of D 64 / 96 / 128, both dtypes, dense and varlen (what bench/ab_flash_bwd.py, test_flash_bwd.py
+    -k "fast2 or ordered" and sanitize_bwd.py compile). A key: (dtype, head_dim, varlen, deterministic, fast,
+    ordered)."""
+    from ops.common.switches import knob_specs
+    kn = knob_specs(spec)
+    return [("flash_bwd", (dt, d, vl, det, 2, det), kn) for dt in ("bfloat16", "float16") for vl in (False, True)
+            for d in (64, 96, 128) for det in (False, True)]
+
+
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -113,7 +125,10 @@ def one(job):
     seam._CACHE.clear()
     t = time.time()
     try:
-        seam.compile_variant(key)
+        if kind == "flash_bwd":
+            seam.compile_variant(*key[:4], fast=key[4], ordered=key[5])
+        else:
+            seam.compile_variant(key)
     except Exception as e:  # noqa: BLE001
         return job, f"failed: {type(e).__name__}: {str(e)[:160]}"
     return job, f"{time.time() - t:.1f} s"
@@ -122,7 +137,8 @@ def one(job):
 def main(a):
     from ops.common.switches import knob_specs
     jobs = [job for sp in a.topk_knobs for job in topk_knob_jobs(sp)]
-    if not a.only_topk_knobs:
+    jobs += [job for sp in a.flash_knobs for job in flash_knob_jobs(sp)]
+    if not (a.only_topk_knobs or a.only_flash_knobs):
         jobs += [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
         jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
         jobs += [(kind, key, v) for v in bwd_shape_variants() for kind, key in BWD_KEYS.items()]
@@ -148,5 +164,8 @@ if __name__ == "__main__":
     p.add_argument("--knobs", nargs="*", default=None, help="bench/ab_attn_score.py knob specs NAME=INT[,NAME=INT]")
     p.add_argument("--topk-knobs", nargs="*", default=[], help="TOPK_KNOBS specs (NAME=VALUE,...): every streaming "
                    "top-k key with those TopkStreamSm90 knobs, what test_dsa_topk and sanitize_dsa_topk compile")
-    p.add_argument("--only-topk-knobs", action="store_true", help="only the --topk-knobs variants")
+    p.add_argument("--only-topk-knobs", action="store_true", help="only the --topk-knobs (and --flash-knobs) variants")
+    p.add_argument("--flash-knobs", nargs="*", default=[], help="FLASH_BWD_KNOBS specs (NAME=VALUE,...): the flash "
+                   "backward's mode-2 and ordered keys with those FlashBwdSm90Fast knobs (owed_run.sh's flash_trial)")
+    p.add_argument("--only-flash-knobs", action="store_true", help="only the --flash-knobs (and --topk-knobs) variants")
     sys.exit(main(p.parse_args()))
