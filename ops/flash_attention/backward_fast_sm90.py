@@ -269,13 +269,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     @cute.jit
     def _p_ds_fast(self, s_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor,
                    dl_r: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
-                   need_mask):
-        """s_mn <- P, dp_mn <- dS (fp32) on a thread's (2 rows x cols) views; masks only when need_mask."""
+                   need_mask, with_ds: cutlass.Constexpr = True):
+        """s_mn <- P, dp_mn <- dS (fp32) on a thread's (2 rows x cols) views; masks only when need_mask. with_ds False:
+        P only (SPLIT_SDP = 1; dS then by _ds_fast)."""
         if need_mask:
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 i = i0 + c_mn[r, 0][0]
                 lse2 = lse_r[r]
-                dl = dl_r[r]
+                if cutlass.const_expr(with_ds):
+                    dl = dl_r[r]
                 lo = i + off - win_left
                 hi = cutlass.min(i + off + win_right, slen_k - 1)
                 row_ok = i < slen_q
@@ -286,40 +288,19 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     ok = row_ok & (j >= lo) & (j <= hi)
                     p = cutlass.select_(ok, p, Float32(0.0))
                     s_mn[r, c] = p
-                    dp_mn[r, c] = p * (dp_mn[r, c] - dl)
+                    if cutlass.const_expr(with_ds):
+                        dp_mn[r, c] = p * (dp_mn[r, c] - dl)
         else:
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 lse2 = lse_r[r]
-                dl = dl_r[r]
+                if cutlass.const_expr(with_ds):
+                    dl = dl_r[r]
                 for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
                     p = cute.math.exp2(arg, fastmath=True)
                     s_mn[r, c] = p
-                    dp_mn[r, c] = p * (dp_mn[r, c] - dl)
-
-    @cute.jit
-    def _p_fast(self, s_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor, i0, j0, slen_q, slen_k, off,
-                win_left, win_right, scale_log2, need_mask):
-        """s_mn <- P (fp32), _p_ds_fast's first half (SPLIT_SDP = 1)."""
-        if need_mask:
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                i = i0 + c_mn[r, 0][0]
-                lse2 = lse_r[r]
-                lo = i + off - win_left
-                hi = cutlass.min(i + off + win_right, slen_k - 1)
-                row_ok = i < slen_q
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    j = j0 + c_mn[r, c][1]
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    p = cute.math.exp2(arg, fastmath=True)
-                    ok = row_ok & (j >= lo) & (j <= hi)
-                    s_mn[r, c] = cutlass.select_(ok, p, Float32(0.0))
-        else:
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                lse2 = lse_r[r]
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    s_mn[r, c] = cute.math.exp2(arg, fastmath=True)
+                    if cutlass.const_expr(with_ds):
+                        dp_mn[r, c] = p * (dp_mn[r, c] - dl)
 
     @cute.jit
     def _ds_fast(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, dl_r: cute.Tensor):
@@ -538,8 +519,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     wg.commit_group()
                     if cutlass.const_expr(self.SPLIT_SDP == 1):
                         wg.wait_group(1)      # S done; dP's wgmmas still run under P's exp2 and its store
-                        self._p_fast(acc_mn_view(acc_S), c_mn, lse_r, i0, jw0, slen_q, slen_k, off, win_left,
-                                     win_right, scale_log2, need_mask)
+                        self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
+                                        slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, False)
                         rP.store(acc_S.load().to(dt))
                         self._store_tile(r2s, thr_r2s, rP, tPsP)
                         wg.wait_group(0)
