@@ -14,7 +14,7 @@
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
 # passed (perf/call_2026-12-07T0033_h100.sh), main's top-k through test_dsa_topk and its sanitizers, bench/dsa_indexer.py.
-# The 12-07 01:48-04:48 session got no machine (eleven tries). Owed next, in this order:
+# The 12-07 01:48-04:48 session got no machine (fifteen tries). Owed next, in this order:
 #   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS; CPU-compiled, store entries
 #      prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1 DS_STAGES=2
 #      DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2, ~5 min): STEPS=flash_trial
