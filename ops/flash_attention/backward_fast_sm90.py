@@ -423,12 +423,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.dq_cols):
                     sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
                     # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
-                    if cutlass.const_expr(ds2):
-                        l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
-                                                  (bm, bn, 2), order=(0, 1, 2))
-                    else:
-                        l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
-                                                  (bm, bn), order=(0, 1))
+                    l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
+                                              (bm, bn, 2) if ds2 else (bm, bn), order=(0, 1, 2) if ds2 else (0, 1))
                     sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
                 else:
                     sdQw = sdQ[None, None, cwg]
@@ -458,12 +454,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                if cutlass.const_expr(ds2):
-                    r2s, thr_r2s, (tPsP,) = self._tile_store(mma_sdp, ctid, (sPw,), self.P_STMATRIX)
-                    tPsdS = thr_r2s.partition_D(sdSw) if cutlass.const_expr(self.P_STMATRIX) else \
-                        thr_r2s.partition_C(sdSw)
-                else:
-                    r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
+                r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
