@@ -97,7 +97,7 @@ from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
 from ..common import tile_order
-from ..common.softmax import acc_mn_view
+from ..common.softmax import acc_mn_view, p_operand_view
 from .backward_sm90 import FlashBwdSm90, LOG2E, _atom_d, _sdhb, _tma_part, _transpose
 
 BLOCK_M_FAST = 64    # query rows per tile
@@ -124,6 +124,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # tile (both warpgroups' dQ wgmmas done with dS before it is rewritten) goes: tile t + 2 rewrites buffer t % 2
     # only after the first barrier of tile t + 1, which both warpgroups reach with tile t's wgmmas retired (trial knob)
     DS_STAGES = 1
+    # 1: S^T = K_w Q^T and dP^T = V_w dO^T (keys as the MMA rows): P^T and dS^T stay in registers as the A operand of
+    # dV += P^T dO and dK += dS^T Q (register-sourced wgmmas, issued before the tile's barrier), only dS goes to shared
+    # memory (for dQ, read back as an MN-major A operand); the per-query log2-LSE and Delta, now per column, are
+    # staged in shared memory a tile ahead (trial knob; FA3 / FA4 call this SdP_swapAB)
+    SWAP_SDP = 0
     DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
 
@@ -178,13 +183,20 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                               tiler_mn=(64, bnw))
         mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.MN, Major.MN, Float32, (1, 1, 1),
                                               tiler_mn=(64, D))
-        mma_dq = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
+        swap = self.SWAP_SDP == 1
+        # SWAP_SDP: dS is stored keys x queries (queries contiguous), so dQ = dS K reads it as an MN-major A
+        a_dq = Major.MN if swap else Major.K
+        mma_dq = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                              tiler_mn=(64, self.dqn))
         # same MMAs fixed to overwrite (first k-block of S, dP, dQ): no register zeroing between wgmma groups
         mma_sdp_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
                                                 tiler_mn=(64, bnw))
-        mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1),
+        mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                                tiler_mn=(64, self.dqn))
+        if cutlass.const_expr(swap):
+            # dV += P^T dO, dK += dS^T Q with P^T, dS^T from registers (the S^T / dP^T accumulators, rounded)
+            mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1), tiler_mn=(64, D),
+                                                  a_source=wg.OperandSource.RMEM)
 
         G2S = cpasync.CopyBulkTensorTileG2SOp
         l_q1 = cute.slice_(l_q, (None, None, 0))
@@ -310,6 +322,91 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
                 dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
 
+    @cute.jit
+    def _col_stat(self, mLSE2: cute.Tensor, mDelta: cute.Tensor, bb, hq, off_q, row, slen_q, kind):
+        """SWAP_SDP: query row `row`'s log2-LSE (kind 0) or Delta (kind 1); +inf / 0 past the segment's end (P = 0,
+        dS = 0 there), as _row_stats."""
+        v = Float32(0.0)
+        if kind == 0:
+            v = Float32.inf
+        if row < slen_q:
+            if kind == 0:
+                v = mLSE2[bb, hq, off_q + row]
+            else:
+                v = mDelta[bb, hq, off_q + row]
+        return v
+
+    @cute.jit
+    def _p_swap(self, s_mn: cute.Tensor, c_mn: cute.Tensor, sL: cute.Tensor, i0, j0, slen_q, slen_k, off,
+                win_left, win_right, scale_log2, need_mask):
+        """SWAP_SDP: s_mn (a thread's rows = keys x cols = queries view of S^T) <- P^T, with the column's log2-LSE
+        from shared memory; masks only when need_mask (the semantics of _p_ds_fast, transposed)."""
+        if need_mask:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                qi = c_mn[0, c][1]
+                lse2 = sL[qi]
+                i = i0 + qi
+                lo = i + off - win_left
+                hi = cutlass.min(i + off + win_right, slen_k - 1)
+                col_ok = i < slen_q
+                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                    j = j0 + c_mn[r, c][0]
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    p = cute.math.exp2(arg, fastmath=True)
+                    ok = col_ok & (j >= lo) & (j <= hi)
+                    s_mn[r, c] = cutlass.select_(ok, p, Float32(0.0))
+        else:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                lse2 = sL[c_mn[0, c][1]]
+                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
+                    s_mn[r, c] = cute.math.exp2(arg, fastmath=True)
+
+    @cute.jit
+    def _ds_swap(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, sD: cute.Tensor):
+        """SWAP_SDP: dp_mn <- dS^T = P^T (dP^T - Delta) with the column's Delta from shared memory."""
+        for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
+            dl = sD[c_mn[0, c][1]]
+            for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
+                dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
+
+    @cute.jit
+    def _sdp_swap(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, mma_dkv: cute.TiledMma,
+                  acc_S: cute.Tensor, acc_dP: cute.Tensor, acc_dV: cute.Tensor, acc_dK: cute.Tensor,
+                  rP: cute.Tensor, rdS: cute.Tensor, tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor,
+                  tPrdO: cute.Tensor, tVrPt: cute.Tensor, tVrdOt: cute.Tensor, tKrdSt: cute.Tensor,
+                  tKrQt: cute.Tensor, stage, c_mn: cute.Tensor, sL: cute.Tensor, sD: cute.Tensor, i0, j0, slen_q,
+                  slen_k, off, win_left, win_right, scale_log2, need_mask):
+        """SWAP_SDP, one tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
+        then [dV += P^T dO] once P^T is formed (dP^T still running), then [dK += dS^T Q]; rdS holds the rounded
+        dS^T for the caller's shared-memory store. dV and dK stay in flight (their registers rP / rdS are not
+        written again before the tile's wait_group(0))."""
+        dt = self.dtype
+        wg.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb], tSrQ[None, None, kb, stage],
+                      acc_S)
+        wg.commit_group()
+        for kb in cutlass.range_constexpr(cute.size(tPrV, mode=[2])):
+            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrV[None, None, kb],
+                      tPrdO[None, None, kb, stage], acc_dP)
+        wg.commit_group()
+        wg.wait_group(1)
+        self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
+                     need_mask)
+        rP.store(acc_S.load().to(dt))
+        wg.fence()
+        for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
+            cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, stage], acc_dV)
+        wg.commit_group()
+        wg.wait_group(1)
+        self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD)
+        rdS.store(acc_dP.load().to(dt))
+        wg.fence()
+        for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
+            cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, stage], acc_dK)
+        wg.commit_group()
+
     # --------------------------------------------------------------- main
     @cute.kernel
     def _main_fast(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
@@ -343,7 +440,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
         sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        swap = self.SWAP_SDP == 1
+        if cutlass.const_expr(swap):
+            # per consumer warpgroup, two tiles' columns: [query of the tile, log2-LSE / Delta, tile parity, warpgroup]
+            sStat = smem.allocate_tensor(Float32, cute.make_layout((bm, 2, 2, 2)), 16)
+        else:
+            sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
         ds2 = self.DS_STAGES == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
         if cutlass.const_expr(ds2):
             l_ds4 = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2, 2),
@@ -415,7 +517,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 sKw = cute.local_tile(sK, (bnw, D), (cwg, 0))
                 sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
-                sPw = sP[None, None, cwg]
+                if cutlass.const_expr(not swap):
+                    sPw = sP[None, None, cwg]
                 if cutlass.const_expr(ds2):
                     sdSw = sdS[None, None, cwg, None]
                 else:
@@ -423,30 +526,43 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.dq_cols):
                     sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
                     # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
+                    # (SWAP_SDP: the two (64 keys, 64 queries) halves as one (128 keys, 64 queries) tile, seen transposed)
+                    ds_shape = (bn, bm) if swap else (bm, bn)
                     l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
-                                              (bm, bn, 2) if ds2 else (bm, bn), order=(0, 1, 2) if ds2 else (0, 1))
+                                              (*ds_shape, 2) if ds2 else ds_shape, order=(0, 1, 2) if ds2 else (0, 1))
                     sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
+                    if cutlass.const_expr(swap):
+                        sdS_all = _t3(sdS_all) if ds2 else _transpose(sdS_all)
                 else:
                     sdQw = sdQ[None, None, cwg]
 
                 thr_sdp = mma_sdp.get_slice(ctid)
                 thr_dkv = mma_dkv.get_slice(ctid)
                 thr_dq = mma_dq.get_slice(ctid)
-                tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
-                tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sKw))
-                tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
-                tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sVw))
-                tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
-                tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
-                tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_t3(sdSw) if cutlass.const_expr(ds2) else
-                                                                     _transpose(sdSw)))
-                tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
+                if cutlass.const_expr(swap):
+                    # S^T = K_w Q^T, dP^T = V_w dO^T: the key block is A, the staged (Q, dO) tile B
+                    tSrK = mma_sdp.make_fragment_A(thr_sdp.partition_A(sKw))
+                    tSrQ = mma_sdp.make_fragment_B(thr_sdp.partition_B(sQ))
+                    tPrV = mma_sdp.make_fragment_A(thr_sdp.partition_A(sVw))
+                    tPrdO = mma_sdp.make_fragment_B(thr_sdp.partition_B(sdO))
+                    tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
+                    tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
+                else:
+                    tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+                    tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sKw))
+                    tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+                    tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sVw))
+                    tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
+                    tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
+                    tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_t3(sdSw) if cutlass.const_expr(ds2) else
+                                                                         _transpose(sdSw)))
+                    tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
                 if cutlass.const_expr(self.dq_cols):
                     tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS_all))
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(
                         cute.local_tile(_transpose(sK), (dqn, bn), (cwg, 0))))]
                 else:
-                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdSw))
+                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transpose(sdSw) if swap else sdSw))
                     sKwt = _transpose(sKw)
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
                              for h in range(nsplit)]
@@ -454,7 +570,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
+                if cutlass.const_expr(swap):
+                    r2s, thr_r2s, (tPsdS,) = self._tile_store(mma_sdp, ctid, (sdSw,), self.P_STMATRIX)
+                else:
+                    r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -464,6 +583,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 acc_dQ = cute.make_rmem_tensor(tQsdQ[0].shape, Float32)
                 rP = cute.make_rmem_tensor(tScS.shape, dt)
                 rdS = cute.make_rmem_tensor(tScS.shape, dt)
+                if cutlass.const_expr(swap):
+                    # the rounded P^T, dS^T accumulators as the A operand of dV / dK (K = the tile's bm queries)
+                    tVrPt = p_operand_view(rP, bm)
+                    tKrdSt = p_operand_view(rdS, bm)
                 lse_r = cute.make_rmem_tensor((2,), Float32)
                 dl_r = cute.make_rmem_tensor((2,), Float32)
                 acc_dK.fill(0.0)
@@ -477,6 +600,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.ordered):
                     turn_a, turn_c = self._turns(nb, off, slen_q, slen_k, win_right)
                     slot0 = self._turn_slot0(b, off_q, Sq)
+                if cutlass.const_expr(swap):
+                    # each thread stages one value of a tile's 64 query columns: threads 0-63 log2-LSE, 64-127 Delta
+                    srow = ctid % bm
+                    skind = ctid // bm
+                    sStat[srow, skind, 0, cwg] = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv, off_q,
+                                                                m_min * bm + srow, slen_q, skind)
+                    self._wg_sync(cwg)
                 cute.arch.mbarrier_wait(bar_kv, 0)
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
                 for it in cutlass.range(n_iter, unroll=1):
@@ -486,46 +616,62 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     if cutlass.const_expr(ds2):
                         dsb = it % 2      # this tile's dS buffer
                         tPsdS_c = tPsdS[None, None, None, dsb]
-                        tKrdSt_c = tKrdSt[None, None, None, dsb]
+                        tKrdSt_c = tKrdSt if swap else tKrdSt[None, None, None, dsb]
                         tQrdS_c = tQrdS[None, None, None, dsb]
                     else:
                         tPsdS_c, tKrdSt_c, tQrdS_c = tPsdS, tKrdSt, tQrdS
-                    # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
-                    for r in cutlass.range_constexpr(2):
-                        lse_r[r], dl_r[r] = self._row_stats(mLSE2, mDelta, bb, hq, off_q, i0 + c_mn[r, 0][0], slen_q)
+                    if cutlass.const_expr(swap):
+                        # the next tile's column value, loaded now, staged before this tile's last barrier
+                        nxt_stat = Float32(0.0)
+                        if it + 1 < n_iter:
+                            nxt_stat = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv + (it + 1) // nm, off_q,
+                                                      (m_min + (it + 1) % nm) * bm + srow, slen_q, skind)
+                        sL = sStat[None, 0, it % 2, cwg]
+                        sD = sStat[None, 1, it % 2, cwg]
+                    else:
+                        # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
+                        for r in cutlass.range_constexpr(2):
+                            lse_r[r], dl_r[r] = self._row_stats(mLSE2, mDelta, bb, hq, off_q, i0 + c_mn[r, 0][0],
+                                                                slen_q)
                     need_mask = mask_lib.block_needs_mask(i0, bm, jw0, bnw, slen_q, slen_k, win_left, win_right,
                                                           True)
                     need_mask = need_mask or (i0 + bm > slen_q)
 
                     pipe.consumer_wait(st)
-                    wg.fence()
-                    for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                        cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrQ[None, None, kb, st.index],
-                                  tSrK[None, None, kb], acc_S)
-                    if cutlass.const_expr(self.SPLIT_SDP == 1):
-                        wg.commit_group()
-                    for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
-                        cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrdO[None, None, kb, st.index],
-                                  tPrV[None, None, kb], acc_dP)
-                    wg.commit_group()
-                    if cutlass.const_expr(self.SPLIT_SDP == 1):
-                        wg.wait_group(1)      # S done; dP's wgmmas still run under P's exp2 and its store
-                        self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
-                                        slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, False)
-                        rP.store(acc_S.load().to(dt))
-                        self._store_tile(r2s, thr_r2s, rP, tPsP)
-                        wg.wait_group(0)
-                        self._ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), dl_r)
-                        rdS.store(acc_dP.load().to(dt))
+                    if cutlass.const_expr(swap):
+                        self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
+                                       tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt_c, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
+                                       slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
                         self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
                     else:
-                        wg.wait_group(0)
-                        self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
-                                        slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
-                        rP.store(acc_S.load().to(dt))
-                        rdS.store(acc_dP.load().to(dt))
-                        self._store_tile(r2s, thr_r2s, rP, tPsP)
-                        self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
+                        wg.fence()
+                        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrQ[None, None, kb, st.index],
+                                      tSrK[None, None, kb], acc_S)
+                        if cutlass.const_expr(self.SPLIT_SDP == 1):
+                            wg.commit_group()
+                        for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
+                            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrdO[None, None, kb, st.index],
+                                      tPrV[None, None, kb], acc_dP)
+                        wg.commit_group()
+                        if cutlass.const_expr(self.SPLIT_SDP == 1):
+                            wg.wait_group(1)      # S done; dP's wgmmas still run under P's exp2 and its store
+                            self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
+                                            slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, False)
+                            rP.store(acc_S.load().to(dt))
+                            self._store_tile(r2s, thr_r2s, rP, tPsP)
+                            wg.wait_group(0)
+                            self._ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), dl_r)
+                            rdS.store(acc_dP.load().to(dt))
+                            self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
+                        else:
+                            wg.wait_group(0)
+                            self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
+                                            slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
+                            rP.store(acc_S.load().to(dt))
+                            rdS.store(acc_dP.load().to(dt))
+                            self._store_tile(r2s, thr_r2s, rP, tPsP)
+                            self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
@@ -541,11 +687,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS_c[None, None, kb],
                                   tQrKt[0][None, None, kb], acc_dQ)
                     wg.commit_group()
-                    for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
-                        cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index], acc_dV)
-                    for kb in cutlass.range_constexpr(cute.size(tKrdSt_c, mode=[2])):
-                        cute.gemm(mma_dkv, acc_dK, tKrdSt_c[None, None, kb], tKrQt[None, None, kb, st.index], acc_dK)
-                    wg.commit_group()
+                    if cutlass.const_expr(not swap):
+                        for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
+                            cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index],
+                                      acc_dV)
+                        for kb in cutlass.range_constexpr(cute.size(tKrdSt_c, mode=[2])):
+                            cute.gemm(mma_dkv, acc_dK, tKrdSt_c[None, None, kb], tKrQt[None, None, kb, st.index],
+                                      acc_dK)
+                        wg.commit_group()
                     if cutlass.const_expr(self.ordered and self.TURN_PASS == 1):
                         if wwarp == 0:
                             if it > 0:
@@ -556,7 +705,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                 if prev < mSem.shape[1]:
                                     tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
                                                                         prev))
-                    wg.wait_group(1)
+                    # dQ chunk 0 done (SWAP_SDP: it is the last group; dV / dK went ahead of it)
+                    wg.wait_group(0 if swap else 1)
                     # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
                     cute.autovec_copy(acc_dQ, tQsdQ[0])
                     for h in cutlass.range_constexpr(1, nsplit):
@@ -573,6 +723,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     pipe.consumer_release(st)
                     st.advance()
 
+                    if cutlass.const_expr(swap):
+                        sStat[srow, skind, (it + 1) % 2, cwg] = nxt_stat   # read after the barrier below
                     cute.arch.fence_proxy("async.shared", space="cta")
                     self._wg_sync(cwg)
                     if wwarp == 0:
