@@ -7,7 +7,8 @@ the forward's 4 B H S^2 D (half with causal).
 Knob sets timed so far: P_STMATRIX=0 (the element-pair P / dS stores, 2026-12-05: stmatrix kept, 1.03x at D 128);
 DQ_COLS_DIMS=64:128 (the column-split dQ of mode 2 at D 64 too, both warpgroups taking one turn in the ordered form);
 TURN_PASS=1 (the ordered form passes a turn under the next tile's dQ / dV / dK wgmmas); SPLIT_SDP=1 (P formed and
-stored while dP's wgmmas still run); DS_STAGES=2 (dS double-buffered in mode 2: one 256-thread barrier a tile less).
+stored while dP's wgmmas still run); DS_STAGES=2 (dS double-buffered in mode 2: one 256-thread barrier a tile less);
+SWAP_SDP=1 (S^T / dP^T with the keys as MMA rows: P^T and dS^T feed dV / dK from registers, only dS goes to smem).
 
 Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128 TURN_PASS=1 ...]
 """

@@ -73,6 +73,13 @@ FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     barrier instructions in the loop's form instead of 5); FA4's sm90 backward double-buffers P / dS too.
   - TURN_PASS = 1 (ordered form): a warpgroup waits for its previous reduce and passes that turn under the current
     tile's dQ / dV / dK wgmmas instead of at the current tile's reduce, so the next writer's wait is shorter.
+  - SWAP_SDP = 1 (2026-12-07, CPU only so far): S^T = K_w Q^T and dP^T = V_w dO^T, the keys as MMA rows (FA4's
+    SdP_swapAB): P^T and dS^T are in the accumulator layout that is the register A operand of dV += P^T dO and
+    dK += dS^T Q, which are issued straight away (P's shared-memory tile, its store and its SS reads go; dV and dK no
+    longer wait for the tile's barrier); only dS is stored (keys x queries, read by dQ = dS K as an MN-major A). The
+    per-query log2-LSE / Delta are now per column: each warpgroup stages the next tile's 64 + 64 values in shared
+    memory (one global load a thread, stored before the tile's last barrier, read after it). Same arithmetic on the
+    same rounded values. ptxas: D 128 mode 2 spills 20 B (as the default), the ordered form 64 B, D 64 / 96 none.
 
 P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
 spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
