@@ -15,10 +15,12 @@
 # Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
 # passed (perf/call_2026-12-07T0033_h100.sh), main's top-k through test_dsa_topk and its sanitizers, bench/dsa_indexer.py.
 # The 12-07 01:48-04:48 session got no machine (fifteen tries). Owed next, in this order:
-#   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS; CPU-compiled, store entries
-#      prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1 DS_STAGES=2
-#      DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2, ~5 min): STEPS=flash_trial
-#      (~250 s);
+#   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS, and SWAP_SDP of 12-07 04:45;
+#      CPU-compiled, store entries prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1
+#      DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2 SWAP_SDP=1
+#      SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2, ~7 min): STEPS=flash_trial with
+#      FLASH_AB_SETS="SWAP_SDP=1 SWAP_SDP=1,DS_STAGES=2 SPLIT_SDP=1 DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1
+#      SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2" FLASH_AB_KNOBS=<the last set> (~300 s);
 #   2) the final tree on an H200: STEPS="tests sanitize benches lean" BUDGET=560 (tests ~170 s, sanitizers ~135 s with the
 #      store: bash tests/gpu/build_store.sh first, ~16 min here);
 #   3) issue 12's tables against FA4 (not run since 12-03): FA4's wheels in .device/whl (../shared/device/pack.sh
