@@ -44,7 +44,7 @@ def main(a):
     print(f"# flash backward knob sets against the defaults, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
     for k in a.knobs:
         print(f"# set {k}")
-    print(f"{'row':30s} {'knob set':24s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  dK, dV equal / max|dQ diff| rel")
+    print(f"{'row':30s} {'knob set':24s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  dK, dV equal (else max rel diff) / max|dQ diff| rel")
     for D in a.dims:
         for causal in (False, True):
             for det in (False, True):
@@ -72,6 +72,9 @@ def main(a):
                 for k in a.knobs:
                     t1, dq1, dk1, dv1 = res[k]
                     same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1))
+                    if not same:   # how far, relative to the largest entry (a layout bug shows as O(1))
+                        same = "{:.1e}".format(max(float((x0.float() - x1.float()).abs().max() / x0.float().abs().max())
+                                                   for x0, x1 in ((dk0, dk1), (dv0, dv1))))
                     dqd = float((dq0.float() - dq1.float()).abs().max() / dq0.float().abs().max())
                     nan = bool(torch.isnan(dq1).any() or torch.isnan(dk1).any() or torch.isnan(dv1).any())
                     print(f"{name:30s} {k[:24]:24s} {flops / t0 / 1e12:6.1f} TF {flops / t1 / 1e12:6.1f} TF "
