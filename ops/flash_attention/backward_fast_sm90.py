@@ -138,6 +138,23 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     SWAP_SDP = 0
     DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
+    # depth of the (Q, dO) ring (trial knob: 3 fits D 128 mode 2 in 224 KiB, or with SWAP_SDP, which frees P's tile)
+    STAGES = STAGES
+    SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
+
+    def smem_bytes(self) -> int:
+        """Shared memory _main_fast allocates (1024-byte aligned tiles, then the mbarriers), for the knob check."""
+        D, bm, bn, bnw, dtb = self.D, self.bm, self.bn, self.bnw, self.dtype.width // 8
+        ds2 = self.DS_STAGES == 2 and self.dq_cols
+        tiles = [bm * D * 4 * (1 if self.dq_cols else 2), bn * D * dtb, bn * D * dtb, bm * D * dtb * self.stages,
+                 bm * D * dtb * self.stages]
+        if self.SWAP_SDP != 1:
+            tiles.append(bm * bnw * dtb * 2)
+        tiles.append(bm * bnw * dtb * 2 * (2 if ds2 else 1))
+        total = sum(-(-t // 1024) * 1024 for t in tiles)
+        if self.SWAP_SDP == 1:
+            total += bm * 2 * 2 * 2 * 4
+        return total + 8 * (2 * self.stages + 1)
 
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
@@ -150,11 +167,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self.bm = BLOCK_M_FAST
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
-        self.stages = STAGES
+        self.stages = self.STAGES
         # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators; D = 96 in one
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
+        if self.smem_bytes() > self.SMEM_LIMIT:
+            raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.DS_STAGES}, "
+                             f"SWAP_SDP={self.SWAP_SDP} need {self.smem_bytes()} bytes of shared memory at head_dim "
+                             f"{head_dim} (dq_cols={self.dq_cols}); sm90 allows {self.SMEM_LIMIT}")
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
