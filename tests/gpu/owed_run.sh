@@ -18,9 +18,11 @@
 #   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS, and SWAP_SDP of 12-07 04:45;
 #      CPU-compiled, store entries prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1
 #      DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2 SWAP_SDP=1
-#      SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2, ~7 min): STEPS=flash_trial with
-#      FLASH_AB_SETS="SWAP_SDP=1 SWAP_SDP=1,DS_STAGES=2 SPLIT_SDP=1 DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1
-#      SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2" FLASH_AB_KNOBS=<the last set> (~300 s);
+#      SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2 SWAP_SDP=1,STAGES=3
+#      SWAP_SDP=1,STAGES=3,DQ_COLS_DIMS=64:128,TURN_PASS=1, ~9 min): STEPS=flash_trial with
+#      FLASH_AB_SETS="SWAP_SDP=1 SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,STAGES=3 DQ_COLS_DIMS=64:128 DS_STAGES=2
+#      SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2" FLASH_AB_KNOBS=<the last set> (~300 s; the 12-07
+#      04:35 session's fourteen calls got no machine);
 #   2) the final tree on an H200: STEPS="tests sanitize benches lean" BUDGET=560 (tests ~170 s, sanitizers ~135 s with the
 #      store: bash tests/gpu/build_store.sh first, ~16 min here);
 #   3) issue 12's tables against FA4 (not run since 12-03): FA4's wheels in .device/whl (../shared/device/pack.sh
