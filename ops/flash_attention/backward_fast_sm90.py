@@ -306,6 +306,20 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         """Named barrier of both consumer warpgroups (256 threads, id 3)."""
         cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
+    @staticmethod
+    def _query_bounds(i, off, win_left, win_right, slen_q, slen_k):
+        """Query i's visible keys [lo, hi] (window and segment end) and whether i is a row of the segment."""
+        return i + off - win_left, cutlass.min(i + off + win_right, slen_k - 1), i < slen_q
+
+    @staticmethod
+    def _p_of(s, lse2, scale_log2, mask=None):
+        """P = exp2(min(S scale log2e - lse2, 0)); mask (query ok, key j, lo, hi): 0 unless ok and lo <= j <= hi."""
+        p = cute.math.exp2(cutlass.min(s * scale_log2 - lse2, Float32(0.0)), fastmath=True)
+        if mask is None:
+            return p
+        q_ok, j, lo, hi = mask
+        return cutlass.select_(q_ok & (j >= lo) & (j <= hi), p, Float32(0.0))
+
     @cute.jit
     def _p_ds_fast(self, s_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor,
                    dl_r: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
@@ -318,15 +332,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 lse2 = lse_r[r]
                 if cutlass.const_expr(with_ds):
                     dl = dl_r[r]
-                lo = i + off - win_left
-                hi = cutlass.min(i + off + win_right, slen_k - 1)
-                row_ok = i < slen_q
+                lo, hi, row_ok = self._query_bounds(i, off, win_left, win_right, slen_q, slen_k)
                 for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     j = j0 + c_mn[r, c][1]
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    p = cute.math.exp2(arg, fastmath=True)
-                    ok = row_ok & (j >= lo) & (j <= hi)
-                    p = cutlass.select_(ok, p, Float32(0.0))
+                    p = self._p_of(s_mn[r, c], lse2, scale_log2, (row_ok, j, lo, hi))
                     s_mn[r, c] = p
                     if cutlass.const_expr(with_ds):
                         dp_mn[r, c] = p * (dp_mn[r, c] - dl)
@@ -336,8 +345,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(with_ds):
                     dl = dl_r[r]
                 for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    p = cute.math.exp2(arg, fastmath=True)
+                    p = self._p_of(s_mn[r, c], lse2, scale_log2)
                     s_mn[r, c] = p
                     if cutlass.const_expr(with_ds):
                         dp_mn[r, c] = p * (dp_mn[r, c] - dl)
@@ -373,22 +381,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 qi = c_mn[0, c][1]
                 lse2 = sL[qi]
-                i = i0 + qi
-                lo = i + off - win_left
-                hi = cutlass.min(i + off + win_right, slen_k - 1)
-                col_ok = i < slen_q
+                lo, hi, col_ok = self._query_bounds(i0 + qi, off, win_left, win_right, slen_q, slen_k)
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     j = j0 + c_mn[r, c][0]
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    p = cute.math.exp2(arg, fastmath=True)
-                    ok = col_ok & (j >= lo) & (j <= hi)
-                    s_mn[r, c] = cutlass.select_(ok, p, Float32(0.0))
+                    s_mn[r, c] = self._p_of(s_mn[r, c], lse2, scale_log2, (col_ok, j, lo, hi))
         else:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 lse2 = sL[c_mn[0, c][1]]
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                    arg = cutlass.min(s_mn[r, c] * scale_log2 - lse2, Float32(0.0))
-                    s_mn[r, c] = cute.math.exp2(arg, fastmath=True)
+                    s_mn[r, c] = self._p_of(s_mn[r, c], lse2, scale_log2)
 
     @cute.jit
     def _ds_swap(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, sD: cute.Tensor):
@@ -554,7 +555,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.dq_cols):
                     sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
                     # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
-                    # (SWAP_SDP: the two (64 keys, 64 queries) halves as one (128 keys, 64 queries) tile, seen transposed)
+                    # (SWAP_SDP: the (64 keys, 64 queries) halves as one (128 keys, 64 queries) tile, seen transposed)
                     ds_shape = (bn, bm) if swap else (bm, bn)
                     l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
                                               (*ds_shape, 2) if ds2 else ds_shape, order=(0, 1, 2) if ds2 else (0, 1))
@@ -567,19 +568,19 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 thr_sdp = mma_sdp.get_slice(ctid)
                 thr_dkv = mma_dkv.get_slice(ctid)
                 thr_dq = mma_dq.get_slice(ctid)
+                def frags_ab(a, b):   # (A, B) register fragments of the S / dP MMA over shared-memory tiles a, b
+                    fa = mma_sdp.make_fragment_A(thr_sdp.partition_A(a))
+                    return fa, mma_sdp.make_fragment_B(thr_sdp.partition_B(b))
+
                 if cutlass.const_expr(swap):
                     # S^T = K_w Q^T, dP^T = V_w dO^T: the key block is A, the staged (Q, dO) tile B
-                    tSrK = mma_sdp.make_fragment_A(thr_sdp.partition_A(sKw))
-                    tSrQ = mma_sdp.make_fragment_B(thr_sdp.partition_B(sQ))
-                    tPrV = mma_sdp.make_fragment_A(thr_sdp.partition_A(sVw))
-                    tPrdO = mma_sdp.make_fragment_B(thr_sdp.partition_B(sdO))
+                    tSrK, tSrQ = frags_ab(sKw, sQ)
+                    tPrV, tPrdO = frags_ab(sVw, sdO)
                     tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
                     tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
                 else:
-                    tSrQ = mma_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
-                    tSrK = mma_sdp.make_fragment_B(thr_sdp.partition_B(sKw))
-                    tPrdO = mma_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
-                    tPrV = mma_sdp.make_fragment_B(thr_sdp.partition_B(sVw))
+                    tSrQ, tSrK = frags_ab(sQ, sKw)
+                    tPrdO, tPrV = frags_ab(sdO, sVw)
                     tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
                     tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
                     tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_t3(sdSw) if cutlass.const_expr(ds2) else
