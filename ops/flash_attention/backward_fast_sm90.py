@@ -172,6 +172,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
+        # SWAP_SDP reuses the (bm, bnw) S tile, its partitions and P's operand view with rows and columns swapped
+        assert self.SWAP_SDP != 1 or self.bm == self.bnw, "SWAP_SDP needs square S tiles (bm == bnw)"
         if self.smem_bytes() > self.SMEM_LIMIT:
             raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.DS_STAGES}, "
                              f"SWAP_SDP={self.SWAP_SDP} need {self.smem_bytes()} bytes of shared memory at head_dim "
@@ -405,10 +407,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                   rP: cute.Tensor, rdS: cute.Tensor, tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor,
                   tPrdO: cute.Tensor, tVrPt: cute.Tensor, tVrdOt: cute.Tensor, tKrdSt: cute.Tensor,
                   tKrQt: cute.Tensor, stage, c_mn: cute.Tensor, sL: cute.Tensor, sD: cute.Tensor, i0, j0, slen_q,
-                  slen_k, off, win_left, win_right, scale_log2, need_mask):
+                  slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s, tPsdS: cute.Tensor):
         """SWAP_SDP, one tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
-        then [dV += P^T dO] once P^T is formed (dP^T still running), then [dK += dS^T Q]; rdS holds the rounded
-        dS^T for the caller's shared-memory store. dV and dK stay in flight (their registers rP / rdS are not
+        then [dV += P^T dO] once P^T is formed (dP^T still running), then the rounded dS^T is stored to shared memory
+        (tPsdS, for dQ; before the dK wgmma that reads the same registers is issued: a pending wgmma's A registers
+        are not touched, not even read) and [dK += dS^T Q] issued. dV and dK stay in flight (rP / rdS are not
         written again before the tile's wait_group(0))."""
         dt = self.dtype
         wg.fence()
@@ -431,6 +434,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         wg.wait_group(1)
         self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD)
         rdS.store(acc_dP.load().to(dt))
+        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
         wg.fence()
         for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
             cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, stage], acc_dK)
@@ -670,8 +674,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     if cutlass.const_expr(swap):
                         self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
                                        tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt_c, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
-                                       slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
-                        self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
+                                       slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,
+                                       tPsdS_c)
                     else:
                         wg.fence()
                         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
