@@ -79,7 +79,7 @@ FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     longer wait for the tile's barrier); only dS is stored (keys x queries, read by dQ = dS K as an MN-major A). The
     per-query log2-LSE / Delta are now per column: each warpgroup stages the next tile's 64 + 64 values in shared
     memory (one global load a thread, stored before the tile's last barrier, read after it). Same arithmetic on the
-    same rounded values. ptxas: D 128 mode 2 spills 20 B (as the default), the ordered form 64 B, D 64 / 96 none.
+    same rounded values. ptxas: D 128 mode 2 spills 24 B (default 20), the ordered form 68 B, D 64 / 96 none.
 
 P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
 spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
