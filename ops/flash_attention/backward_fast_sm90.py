@@ -62,9 +62,14 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
   / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
   "auto" takes this form at D = 128 only.
 
-Trial knobs (2026-12-07, class attributes, defaults trace to the kernels above; CPU: ptxas without wgmma
-serialization, D 128 spills 20 -> 28 B with SPLIT_SDP; timed by bench/ab_flash_bwd.py --knobs, tested with
-FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
+Knobs (2026-12-07, class attributes; CPU: ptxas without wgmma serialization, D 128 spills 20 -> 28 B with
+SPLIT_SDP; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and
+sanitize_bwd.py). Defaults since the H100 trial of 2026-12-07 (perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16,
+TFLOP/s against the first form, dK / dV bitwise equal): SWAP_SDP = 1 in both forms, D 64 314 -> 333 / causal
+291 -> 339, D 128 462 -> 490 / 426 -> 450; the ordered form also takes DQ_COLS_DIMS (64, 128) (ORDERED_DQ_COLS_DIMS),
+TURN_PASS = 1 and DS_STAGES = 2: D 64 176 -> 243 / 204 -> 237, D 128 325 -> 361 / 319 -> 341. test_flash_bwd and
+sanitize_bwd (racecheck, memcheck) passed with those knobs in the same call. The knobs (SPLIT_SDP acts in the
+first form, SWAP_SDP = 0, only):
   - SPLIT_SDP = 1: S and dP as two wgmma groups; P is formed and stored once S is done, under dP's wgmmas (FA3 and
     FA4 overlap the same way), then dS; the same arithmetic in the same order, so the same bits.
   - DQ_COLS_DIMS = (64, 128): the column-split dQ of mode 2 at D 64 too (32 columns a warpgroup over all 128 keys:
@@ -73,7 +78,7 @@ FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     barrier instructions in the loop's form instead of 5); FA4's sm90 backward double-buffers P / dS too.
   - TURN_PASS = 1 (ordered form): a warpgroup waits for its previous reduce and passes that turn under the current
     tile's dQ / dV / dK wgmmas instead of at the current tile's reduce, so the next writer's wait is shorter.
-  - SWAP_SDP = 1 (2026-12-07, CPU only so far): S^T = K_w Q^T and dP^T = V_w dO^T, the keys as MMA rows (FA4's
+  - SWAP_SDP = 1 (2026-12-07): S^T = K_w Q^T and dP^T = V_w dO^T, the keys as MMA rows (FA4's
     SdP_swapAB): P^T and dS^T are in the accumulator layout that is the register A operand of dV += P^T dO and
     dK += dS^T Q, which are issued straight away (P's shared-memory tile, its store and its SS reads go; dV and dK no
     longer wait for the tile's barrier); only dS is stored (keys x queries, read by dQ = dS K as an MN-major A). The
@@ -122,21 +127,25 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
 
     # ordered form: where a warpgroup passes its turn on the previous tile's dQ counter. 0: at this tile's reduce
-    # (the first form); 1: under this tile's dQ / dV / dK wgmmas, a tile's elementwise part sooner (trial knob)
-    TURN_PASS = 0
+    # (the first form); 1 (default since 2026-12-07): under this tile's dQ / dV / dK wgmmas, a tile's elementwise
+    # part sooner
+    TURN_PASS = 1
     # 1: S and dP are two wgmma groups; P = exp2(...) is formed (and stored) once S is done, while dP's wgmmas still
     # run, then dS once dP is done (the same arithmetic, so the same bits). 0: one group, both waited (trial knob)
     SPLIT_SDP = 0
     # 2 (mode 2 only): dS double-buffered in shared memory (+16 KiB at D 128), so the second 256-thread barrier of a
     # tile (both warpgroups' dQ wgmmas done with dS before it is rewritten) goes: tile t + 2 rewrites buffer t % 2
-    # only after the first barrier of tile t + 1, which both warpgroups reach with tile t's wgmmas retired (trial knob)
-    DS_STAGES = 1
+    # only after the first barrier of tile t + 1, which both warpgroups reach with tile t's wgmmas retired.
+    # None (default): 2 in the ordered form, 1 otherwise (the H100 trial of 2026-12-07; 1 or 2 forces both forms)
+    DS_STAGES = None
     # 1: S^T = K_w Q^T and dP^T = V_w dO^T (keys as the MMA rows): P^T and dS^T stay in registers as the A operand of
     # dV += P^T dO and dK += dS^T Q (register-sourced wgmmas, issued before the tile's barrier), only dS goes to shared
     # memory (for dQ, read back as an MN-major A operand); the per-query log2-LSE and Delta, now per column, are
-    # staged in shared memory a tile ahead (trial knob; FA3 / FA4 call this SdP_swapAB)
-    SWAP_SDP = 0
-    DQ_COLS_DIMS = (128,)   # head dims that take the column-split dQ (mode 2) when asked; trial: (64, 128)
+    # staged in shared memory a tile ahead (FA3 / FA4 call this SdP_swapAB; default since 2026-12-07, 0: the
+    # first form, S = Q K_w^T with P stored to shared memory for dV)
+    SWAP_SDP = 1
+    DQ_COLS_DIMS = (128,)            # head dims that take the column-split dQ (mode 2) when asked
+    ORDERED_DQ_COLS_DIMS = (64, 128)  # the same for the ordered form (one turn for both warpgroups halves its chain)
     P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
     # depth of the (Q, dO) ring (trial knob: 3 fits D 128 mode 2 in 224 KiB, or with SWAP_SDP, which frees P's tile)
     STAGES = STAGES
@@ -145,7 +154,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     def smem_bytes(self) -> int:
         """Shared memory _main_fast allocates (1024-byte aligned tiles, then the mbarriers), for the knob check."""
         D, bm, bn, bnw, dtb = self.D, self.bm, self.bn, self.bnw, self.dtype.width // 8
-        ds2 = self.DS_STAGES == 2 and self.dq_cols
+        ds2 = self.ds_stages == 2 and self.dq_cols
         tiles = [bm * D * 4 * (1 if self.dq_cols else 2), bn * D * dtb, bn * D * dtb, bm * D * dtb * self.stages,
                  bm * D * dtb * self.stages]
         if self.SWAP_SDP != 1:
@@ -156,6 +165,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             total += bm * 2 * 2 * 2 * 4
         return total + 8 * (2 * self.stages + 1)
 
+    @classmethod
+    def dq_cols_dims(cls, ordered: bool):
+        """Head dims whose mode 2 is the column-split dQ (others fall back to mode 1), per form."""
+        return cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS
+
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
         # ordered: the deterministic form (dQ tiles reduced in a fixed order of the key blocks, see the docstring)
@@ -163,7 +177,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # dq_cols (D = 128 only): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
         # over all 128 keys and bulk-reduces its column half (half the reduce traffic of the per-warpgroup
         # partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
-        self.dq_cols = bool(dq_cols) and head_dim in self.DQ_COLS_DIMS
+        self.dq_cols = bool(dq_cols) and head_dim in self.dq_cols_dims(self.ordered)
+        self.ds_stages = self.DS_STAGES if self.DS_STAGES is not None else (2 if self.ordered else 1)
         self.bm = BLOCK_M_FAST
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
@@ -175,7 +190,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # SWAP_SDP reuses the (bm, bnw) S tile, its partitions and P's operand view with rows and columns swapped
         assert self.SWAP_SDP != 1 or self.bm == self.bnw, "SWAP_SDP needs square S tiles (bm == bnw)"
         if self.smem_bytes() > self.SMEM_LIMIT:
-            raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.DS_STAGES}, "
+            raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.ds_stages}, "
                              f"SWAP_SDP={self.SWAP_SDP} need {self.smem_bytes()} bytes of shared memory at head_dim "
                              f"{head_dim} (dq_cols={self.dq_cols}); sm90 allows {self.SMEM_LIMIT}")
 
@@ -479,7 +494,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             sStat = smem.allocate_tensor(Float32, cute.make_layout((bm, 2, 2, 2)), 16)
         else:
             sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
-        ds2 = self.DS_STAGES == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
+        ds2 = self.ds_stages == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
         if cutlass.const_expr(ds2):
             l_ds4 = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2, 2),
                                        order=(0, 1, 2, 3))

@@ -46,7 +46,8 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 # PADDLE_DSA_BWD_DET selects the kernel of the deterministic path (D = 64, 96, 128; the wide pairs have their own
 # split form); read once at import:
 #   "recompute": the simple kernels, dQ recomputed by a second kernel in a fixed order (_dq of backward_sm90.py)
-#   "ordered": the pipelined kernel (mode 2 for D = 128, mode 1 otherwise) with each dQ tile's bulk reduces taken
+#   "ordered": the pipelined kernel (mode 2 for D = 64 and 128 since 2026-12-07, mode 1 at D = 96) with each dQ
+#      tile's bulk reduces taken
 #      in a fixed order of the key blocks (ops/common/tile_order.py)
 #   "auto" (default): the faster of the two per head_dim on the H200 (2026-12-05, B2 H16 S8K bf16, TFLOP/s
 #      non-causal / causal): D 128 ordered 319 / 313 against recompute 300 / 282; D 64 recompute 232 / 215 against
@@ -96,7 +97,7 @@ def compile_variant(dtype_name: str, head_dim: int, varlen: bool, deterministic:
     if ordered:
         fast = 2
     fast = 0 if deterministic and not ordered else _fast_mode(int(fast))
-    if fast == 2 and head_dim not in FlashBwdSm90Fast.DQ_COLS_DIMS:
+    if fast == 2 and head_dim not in FlashBwdSm90Fast.dq_cols_dims(ordered):
         fast = 1
     key = (dtype_name, head_dim, varlen, deterministic, fast, ordered) + \
         ((v_head_dim,) if v_head_dim != head_dim else ())
@@ -169,7 +170,7 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
     if (D, Dv) in supported.BWD_WIDE_HEAD_DIMS:
         deterministic, fast, ordered = True, 0, False   # the split simple kernels: no pipelined form, no atomics
     if ordered:
-        fast = 2 if D == 128 else 1
+        fast = 2   # compile_variant falls back to mode 1 where the ordered form has no column-split dQ (D 96)
     H, Hkv = shapes["q"][-2], shapes["k"][-2]
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")

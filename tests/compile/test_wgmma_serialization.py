@@ -30,16 +30,18 @@ KERNELS = {
     "flash_bwd_deterministic": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, False, "
                                "True)",
     "flash_bwd_ordered": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, True, True, "
-                         "ordered=True)",
+                         "ordered=True); m.compile_variant('float16', 64, True, True, ordered=True)",
+    # the first form (SWAP_SDP = 0, the default until 2026-12-07) and its trial knobs, kept as A/B knobs
+    "flash_bwd_first_form": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
+                            "import FlashBwdSm90Fast as K; K.SWAP_SDP = 0; K.DS_STAGES = 1; K.TURN_PASS = 0; "
+                            "K.ORDERED_DQ_COLS_DIMS = (128,); "
+                            "m.compile_variant('bfloat16', 128, False, False, fast=2); "
+                            "m.compile_variant('float16', 64, True, True, ordered=True)",
     "flash_bwd_trial_knobs": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                             "import FlashBwdSm90Fast as K; K.SPLIT_SDP = 1; K.DS_STAGES = 2; "
+                             "import FlashBwdSm90Fast as K; K.SWAP_SDP = 0; K.SPLIT_SDP = 1; K.DS_STAGES = 2; "
                              "K.DQ_COLS_DIMS = (64, 128); K.TURN_PASS = 1; "
                              "m.compile_variant('bfloat16', 128, True, True, ordered=True); "
                              "m.compile_variant('bfloat16', 64, False, False, fast=2)",
-    "flash_bwd_swap_sdp": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                          "import FlashBwdSm90Fast as K; K.SWAP_SDP = 1; "
-                          "m.compile_variant('bfloat16', 128, False, False, fast=2); "
-                          "m.compile_variant('float16', 64, True, True, ordered=True)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "

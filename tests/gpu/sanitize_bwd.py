@@ -27,7 +27,8 @@ def run_once():
     check("sanitize fast dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=True)
     check("sanitize fast dense D64", B=1, Sq=130, Sk=100, H=2, Hkv=1, D=64, fast=True)
     check("sanitize fast2 dense", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=128, causal=True, fast=2)
-    # mode 2 at D 64: mode 1's kernel by default, the column-split one with FLASH_BWD_KNOBS=DQ_COLS_DIMS=64:128
+    # mode 2 at D 64: mode 1's kernel by default (the column-split one in the ordered form, or with
+    # FLASH_BWD_KNOBS=DQ_COLS_DIMS=64:128)
     check("sanitize fast2 dense D64", B=1, Sq=300, Sk=260, H=2, Hkv=1, D=64, causal=True, fast=2)
     check("sanitize fast varlen", H=2, Hkv=1, D=64, causal=True, cu_q=[0, 1, 70, 70], cu_k=[0, 3, 80, 90],
           Tq=75, Tk=96, fast=True)
