@@ -60,7 +60,7 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
   44-80 B at D = 96 (12), none at D = 64. H200 2026-12-05 (perf/device_2026-12-05T0155.txt): tests/gpu/test_flash_bwd.py
   -k ordered 29 passed, sanitize_bwd racecheck / memcheck clean; B2 H16 S8K bf16: D 128 319 / 313 TFLOP/s (non-causal
   / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
-  "auto" takes this form at D = 128 only.
+  "auto" took this form at D = 128 only (since 2026-12-07 at D 64 too: the knobs below).
 
 Knobs (2026-12-07, class attributes; CPU: ptxas without wgmma serialization, D 128 spills 20 -> 28 B with
 SPLIT_SDP; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and
@@ -174,7 +174,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
         # ordered: the deterministic form (dQ tiles reduced in a fixed order of the key blocks, see the docstring)
         self.ordered = bool(ordered)
-        # dq_cols (D = 128 only): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
+        # dq_cols (D in dq_cols_dims(ordered)): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes 64 of the D columns
         # over all 128 keys and bulk-reduces its column half (half the reduce traffic of the per-warpgroup
         # partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
         self.dq_cols = bool(dq_cols) and head_dim in self.dq_cols_dims(self.ordered)

@@ -49,12 +49,15 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 #   "ordered": the pipelined kernel (mode 2 for D = 64 and 128 since 2026-12-07, mode 1 at D = 96) with each dQ
 #      tile's bulk reduces taken
 #      in a fixed order of the key blocks (ops/common/tile_order.py)
-#   "auto" (default): the faster of the two per head_dim on the H200 (2026-12-05, B2 H16 S8K bf16, TFLOP/s
-#      non-causal / causal): D 128 ordered 319 / 313 against recompute 300 / 282; D 64 recompute 232 / 215 against
-#      ordered 171 / 198 (mode 1: warpgroup 1 waits for warpgroup 0's reduce of each tile). So ordered at D 128,
-#      recompute at D 64 and 96. Both pass the GPU suite and the sanitizers there.
+#   "auto" (default): the faster of the two per head_dim (AUTO_ORDERED_DIMS). H100 2026-12-07 07:40 (bench/flash_attention.py
+#      --bwd --quick --det, B2 H16 S8K bf16, TFLOP/s non-causal / causal, perf/device_2026-12-07T0735_h100.txt):
+#      D 128 ordered 358 / 333 against recompute 301 / 280; D 64 ordered 244 / 234 against 235 / 214 (the ordered
+#      form's column-split dQ at D 64 since that day; on the H200 of 2026-12-05 mode 1 gave 171 / 198); D 96
+#      ordered (mode 1) 225 / 271 against 279 / 263. So ordered at D 64 and 128, recompute at D 96. Both kernels
+#      pass the GPU suite and the sanitizers there.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
 DET_KERNELS = ("auto", "recompute", "ordered")
+AUTO_ORDERED_DIMS = (64, 128)
 DET = env_choice("PADDLE_DSA_BWD_DET", DET_KERNELS)
 
 
@@ -166,11 +169,11 @@ def flash_attn_bwd(q, k, v, out, dout, lse, dq, dk, dv, *, dlse=None, softmax_sc
             raise ValueError(f"{n}: shape {shapes[n]} must be {want} (q / k / v and the value head_dim {Dv})")
     if shapes["v"][:-1] != shapes["k"][:-1]:
         raise ValueError(f"v: shape {shapes['v']} must equal k's {shapes['k']} but for the head_dim")
-    ordered = bool(deterministic) and (det_kind == "ordered" or (det_kind == "auto" and D == 128))
+    ordered = bool(deterministic) and (det_kind == "ordered" or (det_kind == "auto" and D in AUTO_ORDERED_DIMS))
     if (D, Dv) in supported.BWD_WIDE_HEAD_DIMS:
         deterministic, fast, ordered = True, 0, False   # the split simple kernels: no pipelined form, no atomics
     if ordered:
-        fast = 2   # compile_variant falls back to mode 1 where the ordered form has no column-split dQ (D 96)
+        fast = 2 if D in FlashBwdSm90Fast.dq_cols_dims(True) else 1   # mode 1 at D 96
     H, Hkv = shapes["q"][-2], shapes["k"][-2]
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"k: {Hkv} kv heads do not divide {H} query heads")

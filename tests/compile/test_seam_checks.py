@@ -284,8 +284,8 @@ def test_bwd_rejects_zero_query_heads():
 
 def test_bwd_det_kernel_choice(monkeypatch):
     """deterministic=True routes by det / PADDLE_DSA_BWD_DET: "recompute" the simple kernels, "ordered" the pipelined
-    kernel (mode 2 at D = 128, mode 1 otherwise), "auto" (the default) ordered at D = 128 only with an int32 turn workspace of one counter per dQ tile (segment,
-    query head, query block of 64); a bad value is a ValueError before anything is allocated. Compile and launch
+    kernel (mode 2 at D = 64 and 128, mode 1 at D = 96), "auto" (the default) ordered at D = 64 and 128 with an int32
+    turn workspace of one counter per dQ tile (segment, query head, query block of 64); a bad value is a ValueError before anything is allocated. Compile and launch
     are recorded, not run."""
     seen = []
 
@@ -314,6 +314,8 @@ def test_bwd_det_kernel_choice(monkeypatch):
     assert seen[-1]["ordered"] and seen[-1]["fast"] == 2 and seen[-1]["sem"] is not None
     assert allocs[-1] == ((4 * (2 + 7),), "int32")        # 4 heads x (batch 2 + ceil(2 x 200 rows / 64))
     run(64, deterministic=True, det="ordered")
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 2
+    run(96, deterministic=True, det="ordered")
     assert seen[-1]["ordered"] and seen[-1]["fast"] == 1
     run(96, deterministic=True, det="recompute")
     assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0 and seen[-1]["sem"] is None
@@ -323,12 +325,12 @@ def test_bwd_det_kernel_choice(monkeypatch):
     run(128, deterministic=True)
     assert seen[-1]["ordered"]
     run(64, deterministic=True)
-    assert seen[-1]["ordered"] and seen[-1]["fast"] == 1
-    monkeypatch.setattr(bwd, "DET", "auto")              # the default: ordered at D 128, recompute below
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 2
+    monkeypatch.setattr(bwd, "DET", "auto")              # the default: ordered at D 64 and 128, recompute at D 96
     run(128, deterministic=True)
     assert seen[-1]["ordered"] and seen[-1]["fast"] == 2
     run(64, deterministic=True)
-    assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
+    assert seen[-1]["ordered"] and seen[-1]["fast"] == 2
     run(96, deterministic=True, det="auto")
     assert not seen[-1]["ordered"] and seen[-1]["fast"] == 0
     n = len(allocs)
