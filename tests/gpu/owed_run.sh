@@ -12,23 +12,14 @@
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-07 00:33-00:47 on one H100 (an H200 was asked for): the whole suite and all 20 sanitizer runs
-# passed (perf/call_2026-12-07T0033_h100.sh), main's top-k through test_dsa_topk and its sanitizers, bench/dsa_indexer.py.
-# The 12-07 01:48-04:48 session got no machine (fifteen tries). Owed next, in this order:
-#   1) the flash backward trial knobs (SPLIT_SDP, DS_STAGES, DQ_COLS_DIMS, TURN_PASS, and SWAP_SDP of 12-07 04:45;
-#      CPU-compiled, store entries prebuilt here: prebuild_knob_variants.py --only-flash-knobs --flash-knobs SPLIT_SDP=1
-#      DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1 DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2 SWAP_SDP=1
-#      SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2 SWAP_SDP=1,STAGES=3
-#      SWAP_SDP=1,STAGES=3,DQ_COLS_DIMS=64:128,TURN_PASS=1, ~9 min): STEPS=flash_trial with
-#      FLASH_AB_SETS="SWAP_SDP=1 SWAP_SDP=1,DS_STAGES=2 SWAP_SDP=1,STAGES=3 DQ_COLS_DIMS=64:128 DS_STAGES=2
-#      SWAP_SDP=1,DQ_COLS_DIMS=64:128,TURN_PASS=1,DS_STAGES=2" FLASH_AB_KNOBS=<the last set> (~300 s; the 12-07
-#      04:35 session's fourteen calls got no machine);
-#   2) the final tree on an H200: STEPS="tests sanitize benches lean" BUDGET=560 (tests ~170 s, sanitizers ~135 s with the
-#      store: bash tests/gpu/build_store.sh first, ~16 min here);
-#   3) issue 12's tables against FA4 (not run since 12-03): FA4's wheels in .device/whl (../shared/device/pack.sh
-#      flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops, or pip download them there) and only the flash entries of the
-#      store (tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon: the whole store,
-#      the DSL and FA4 do not fit in 64 MiB together): STEPS="flash_bench ncu_flash flash_dims".
+# Last runs: 2026-12-07 07:20-07:48 on one H100 (no kind named; no H200 came): the flash backward knob trial (flash_trial),
+# then on the final kernels (60d4022, SWAP_SDP the default) the whole suite and all 20 sanitizer runs (STEPS="tests
+# sanitize"), then issue 12's FA4 tables (STEPS="flash_bench flash_dims ncu_flash", FA4's wheels in .device/whl and the
+# flash entries of the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention
+# opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together). Owed next:
+#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches lean" BUDGET=560;
+#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 07:44).
+# The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
 #   ~110 s), 3) bench/sparse_score_shapes.py (launch-shape sweep against cuDNN frontend, ~60 s),
