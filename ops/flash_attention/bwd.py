@@ -47,14 +47,13 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 # split form); read once at import:
 #   "recompute": the simple kernels, dQ recomputed by a second kernel in a fixed order (_dq of backward_sm90.py)
 #   "ordered": the pipelined kernel (mode 2 for D = 64 and 128 since 2026-12-07, mode 1 at D = 96) with each dQ
-#      tile's bulk reduces taken
-#      in a fixed order of the key blocks (ops/common/tile_order.py)
-#   "auto" (default): the faster of the two per head_dim (AUTO_ORDERED_DIMS). H100 2026-12-07 07:40 (bench/flash_attention.py
-#      --bwd --quick --det, B2 H16 S8K bf16, TFLOP/s non-causal / causal, perf/device_2026-12-07T0735_h100.txt):
-#      D 128 ordered 358 / 333 against recompute 301 / 280; D 64 ordered 244 / 234 against 235 / 214 (the ordered
-#      form's column-split dQ at D 64 since that day; on the H200 of 2026-12-05 mode 1 gave 171 / 198); D 96
-#      ordered (mode 1) 225 / 271 against 279 / 263. So ordered at D 64 and 128, recompute at D 96. Both kernels
-#      pass the GPU suite and the sanitizers there.
+#      tile's bulk reduces taken in a fixed order of the key blocks (ops/common/tile_order.py)
+#   "auto" (default): the faster of the two per head_dim (AUTO_ORDERED_DIMS). H100 2026-12-07 07:40
+#      (bench/flash_attention.py --bwd --quick --det, B2 H16 S8K bf16, TFLOP/s non-causal / causal,
+#      perf/device_2026-12-07T0735_h100.txt): D 128 ordered 358 / 333 against recompute 301 / 280; D 64 ordered
+#      244 / 234 against 235 / 214 (the ordered form's column-split dQ at D 64 since that day; on the H200 of
+#      2026-12-05 mode 1 gave 171 / 198); D 96 ordered (mode 1) 225 / 271 against 279 / 263. So ordered at D 64 and
+#      128, recompute at D 96. Both kernels pass the GPU suite and the sanitizers there.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
 DET_KERNELS = ("auto", "recompute", "ordered")
 AUTO_ORDERED_DIMS = (64, 128)

@@ -285,8 +285,8 @@ def test_bwd_rejects_zero_query_heads():
 def test_bwd_det_kernel_choice(monkeypatch):
     """deterministic=True routes by det / PADDLE_DSA_BWD_DET: "recompute" the simple kernels, "ordered" the pipelined
     kernel (mode 2 at D = 64 and 128, mode 1 at D = 96), "auto" (the default) ordered at D = 64 and 128 with an int32
-    turn workspace of one counter per dQ tile (segment, query head, query block of 64); a bad value is a ValueError before anything is allocated. Compile and launch
-    are recorded, not run."""
+    turn workspace of one counter per dQ tile (segment, query head, query block of 64); a bad value is a ValueError
+    before anything is allocated. Compile and launch are recorded, not run."""
     seen = []
 
     def fake_compile(dtype, D, varlen, deterministic, fast, v_head_dim=None, ordered=False):
