@@ -4,11 +4,11 @@ the bench shape B 2, H 16, S 8K, bf16, D 128 / 96 / 64, causal and not, the defa
 PADDLE_DSA_BWD_FAST) and the ordered deterministic form. Both run through the seam on the same inputs; the table
 says whether dK and dV are bitwise equal and how far dQ moved (max |diff| / max |dQ|), and flags NaN. TFLOP/s = 2.5 x
 the forward's 4 B H S^2 D (half with causal).
-Knob sets timed so far: P_STMATRIX=0 (the element-pair P / dS stores, 2026-12-05: stmatrix kept, 1.03x at D 128);
-DQ_COLS_DIMS=64:128 (the column-split dQ of mode 2 at D 64 too, both warpgroups taking one turn in the ordered form);
-TURN_PASS=1 (the ordered form passes a turn under the next tile's dQ / dV / dK wgmmas); SPLIT_SDP=1 (P formed and
-stored while dP's wgmmas still run); DS_STAGES=2 (dS double-buffered in mode 2: one 256-thread barrier a tile less);
-SWAP_SDP=1 (S^T / dP^T with the keys as MMA rows: P^T and dS^T feed dV / dK from registers, only dS goes to smem).
+Knob sets timed so far (docs/performance.md): P_STMATRIX=0 (element-pair P / dS stores, 2026-12-05: stmatrix kept,
+1.03x at D 128); DQ_COLS_DIMS=64:128, TURN_PASS=1, SPLIT_SDP=1, DS_STAGES=2 and SWAP_SDP=1 (2026-12-07: S^T / dP^T with
+the keys as MMA rows, 1.06-1.17x, made the one form with the ordered form's DQ_COLS_DIMS 64, TURN_PASS 1, DS_STAGES 2;
+P_STMATRIX, SPLIT_SDP and SWAP_SDP went with the earlier form). Knobs left: DQ_COLS_DIMS, ORDERED_DQ_COLS_DIMS,
+DS_STAGES, TURN_PASS, STAGES.
 
 Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128 TURN_PASS=1 ...]
 """
@@ -88,6 +88,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dims", type=int, nargs="*", default=[128, 96, 64])
-    p.add_argument("--knobs", nargs="+", default=["P_STMATRIX=0"],
+    p.add_argument("--knobs", nargs="+", default=["STAGES=3"],
                    help="knob sets NAME=VALUE,... (FlashBwdSm90Fast class knobs), each timed against the defaults")
     main(p.parse_args())

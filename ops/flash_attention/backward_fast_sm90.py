@@ -12,18 +12,24 @@ Schedule of ``_main_fast``:
   warpgroup 0 is the producer (registers lowered to 24); its warp 0 loads K and V of the block once (TMA) and
   then streams the (Q, dO) tiles (64 x D each) of every (query head, query block) the key block can see through
   a ``STAGES``-deep ring (PipelineTmaAsync: full = TMA transaction bytes, empty = 8 consumer warps).
-- Warpgroups 1 and 2 (consumers, 240 registers) each own 64 of the 128 keys (their own dK, dV accumulators):
-  S = Q K_w^T, dP = dO V_w^T (one wgmma group), P and dS -> own smem tiles (rounded), then the groups
-  [dQ chunk 0] and [dV += P^T dO, dK += dS^T Q]; the stage is released after both are retired.
-- LSE2 / Delta: each consumer thread reads its two rows straight from global memory (L2) before it waits for
-  the stage (the loads overlap the wait).
+- Warpgroups 1 and 2 (consumers, 240 registers) each own 64 of the 128 keys (their own dK, dV accumulators).
+  Per stage, keys as the MMA rows (FA3 / FA4 call this SdP_swapAB): the groups [S^T = K_w Q^T], [dP^T = V_w dO^T];
+  once S^T is done (dP^T still running) P^T is formed and, rounded, is the register A operand of [dV += P^T dO],
+  issued at once; once dP^T is done dS^T = P^T (dP^T - Delta) is rounded, stored to shared memory (keys x queries,
+  stmatrix; before the dK wgmma reading the same registers is issued: a pending wgmma's A registers are not
+  touched) and [dK += dS^T Q] is issued from registers. After the tile's barrier, [dQ chunk 0] reads dS as an
+  MN-major A; the stage is released once every group is retired.
+- log2-LSE / Delta per query column: each consumer thread loads one value of the next tile (threads 0-63 log2-LSE,
+  64-127 Delta) at the top of a tile and stores it to sStat[query, kind, tile parity, warpgroup] before the tile's
+  last barrier; the tile after reads it there.
 - dQ without per-element atomics: the fp32 dQ tile is staged in shared memory (SW128 swizzle) and added to the
   fp32 accumulator by a bulk tensor reduce (cp.reduce.async.bulk.tensor add.f32; one per 32-column box):
     mode 1 (dq_cols=False): each warpgroup computes its partial dQ_w = dS_w K_w (64 x D, in 64-column chunks
       to cap live registers) and reduces its own 64 x D tile;
-    mode 2 (dq_cols=True, D = 128): dQ = dS (64 x 128 keys) K, warpgroup w computes columns [64w, 64w + 64) over
-      all 128 keys and reduces that half: half the reduce traffic, two 256-thread named barriers per tile
-      (both dS halves written before the dQ MMA; both dQ MMAs retired before dS is rewritten).
+    mode 2 (dq_cols=True, D = 128; D = 64 too in the ordered form): dQ = dS (64 x 128 keys) K, warpgroup w
+      computes columns [w D / 2, (w + 1) D / 2) over all 128 keys and reduces that half: half the reduce traffic,
+      two 256-thread named barriers per tile (both dS halves written before the dQ MMA; both dQ MMAs retired before
+      dS is rewritten; DS_STAGES = 2 drops the second).
   Protocol per warpgroup: every writer fence_proxy(async.shared, cta) -> named barrier -> warp 0 issues the TMA
   reduce (from the whole converged warp: the atom elects its lane) and commits the bulk group; before the buffer
   is written again that warp waits (bulk_wait_group 0, read) ahead of a named barrier; it waits for full
@@ -43,8 +49,9 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     the stream before the main kernel);
   - protocol (ops/common/tile_order.py): warp 0 of the warpgroup waits (lane 0 spins with ld.acquire.gpu, then
     syncwarp and fence.proxy.async.global) until the counter reaches its turn, then issues the reduce; at its next
-    tile's reduce (or after its last tile) it waits for the full completion of that bulk group (wait_group 0, not
-    .read), fences the async proxy and adds 1 with red.release.gpu. So a turn passes one tile late: in a chain of
+    tile (TURN_PASS = 1: under that tile's dQ wgmmas; 0: at its reduce), or after its last tile, it waits for the
+    full completion of that bulk group (wait_group 0, not .read), fences the async proxy and adds 1 with
+    red.release.gpu. So a turn passes about one tile late: in a chain of
     key blocks that all start at query block 0 (no causal mask) at the same time, key block nb starts about
     (grid_n - 1 - nb) tiles late (twice that in mode 1, where warpgroup 1 trails warpgroup 0), once; CTAs of later
     waves start staggered anyway. Varlen caveat: the rows a segment's last dQ tile covers past its end get exact
@@ -56,48 +63,31 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     block nb + 1 reaches a shared query block two tiles before nb does, so the diagonal CTAs rarely wait at all.
     tests/compile/test_flash_bwd_ordered.py checks the turn rule and deadlock freedom on a model of the schedule
     (one resident CTA at a time included).
-  Status: ptxas (CPU): all 12 variants without wgmma serialization, spills 148-172 B at D = 128 (mode 2: 116),
-  44-80 B at D = 96 (12), none at D = 64. H200 2026-12-05 (perf/device_2026-12-05T0155.txt): tests/gpu/test_flash_bwd.py
-  -k ordered 29 passed, sanitize_bwd racecheck / memcheck clean; B2 H16 S8K bf16: D 128 319 / 313 TFLOP/s (non-causal
-  / causal; the recompute kernel 300 / 282, the default 451 / 410), D 64 171 / 198 (recompute 232 / 215): bwd.py's
-  "auto" took this form at D = 128 only (since 2026-12-07 at D 64 too: the knobs below).
+  Speed (H100 2026-12-07, B2 H16 S8K bf16, TFLOP/s non-causal / causal): D 128 358 / 333 (the recompute kernel
+  301 / 280), D 64 244 / 234 (235 / 214), D 96 (mode 1) 225 / 271 (279 / 263): bwd.py's "auto" takes this form at
+  D 64 and 128.
 
-Knobs (2026-12-07, class attributes; CPU: ptxas without wgmma serialization, D 128 spills 20 -> 28 B with
-SPLIT_SDP; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in tests/gpu/test_flash_bwd.py and
-sanitize_bwd.py). Defaults since the H100 trial of 2026-12-07 (perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16,
-TFLOP/s against the first form, dK / dV bitwise equal): SWAP_SDP = 1 in both forms, D 64 314 -> 333 / causal
-291 -> 339, D 128 462 -> 490 / 426 -> 450; the ordered form also takes DQ_COLS_DIMS (64, 128) (ORDERED_DQ_COLS_DIMS),
-TURN_PASS = 1 and DS_STAGES = 2: D 64 176 -> 243 / 204 -> 237, D 128 325 -> 361 / 319 -> 341. test_flash_bwd and
-sanitize_bwd (racecheck, memcheck) passed with those knobs in the same call. The knobs (SPLIT_SDP acts in the
-first form, SWAP_SDP = 0, only):
-  - SPLIT_SDP = 1: S and dP as two wgmma groups; P is formed and stored once S is done, under dP's wgmmas (FA3 and
-    FA4 overlap the same way), then dS; the same arithmetic in the same order, so the same bits.
-  - DQ_COLS_DIMS = (64, 128): the column-split dQ of mode 2 at D 64 too (32 columns a warpgroup over all 128 keys:
-    half the dQ reduce traffic; in the ordered form both warpgroups take one turn, halving the chain).
-  - DS_STAGES = 2 (mode 2): dS double-buffered (+16 KiB), the tile's second 256-thread barrier dropped (PTX: 4
-    barrier instructions in the loop's form instead of 5); FA4's sm90 backward double-buffers P / dS too.
-  - TURN_PASS = 1 (ordered form): a warpgroup waits for its previous reduce and passes that turn under the current
-    tile's dQ / dV / dK wgmmas instead of at the current tile's reduce, so the next writer's wait is shorter.
-  - SWAP_SDP = 1 (2026-12-07): S^T = K_w Q^T and dP^T = V_w dO^T, the keys as MMA rows (FA4's
-    SdP_swapAB): P^T and dS^T are in the accumulator layout that is the register A operand of dV += P^T dO and
-    dK += dS^T Q, which are issued straight away (P's shared-memory tile, its store and its SS reads go; dV and dK no
-    longer wait for the tile's barrier); only dS is stored (keys x queries, read by dQ = dS K as an MN-major A). The
-    per-query log2-LSE / Delta are now per column: each warpgroup stages the next tile's 64 + 64 values in shared
-    memory (one global load a thread, stored before the tile's last barrier, read after it). Same arithmetic on the
-    same rounded values. ptxas: D 128 mode 2 spills 24 B (default 20), the ordered form 68 B, D 64 / 96 none.
+Knobs (class attributes; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in
+tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
+  - DQ_COLS_DIMS / ORDERED_DQ_COLS_DIMS: the head dims whose mode 2 is the column-split dQ, (128,) / (64, 128) (at
+    D 64: 32 columns a warpgroup over all 128 keys, half the dQ reduce traffic; in the ordered form both
+    warpgroups take one turn, halving the chain).
+  - DS_STAGES = 2 (mode 2): dS double-buffered (+16 KiB), the tile's second 256-thread barrier dropped; None (the
+    default): 2 in the ordered form, 1 otherwise.
+  - TURN_PASS = 1 (ordered form, the default): a warpgroup waits for its previous reduce and passes that turn
+    under the current tile's dQ wgmmas instead of at the current tile's reduce, so the next writer waits less.
+  - STAGES: the (Q, dO) ring's depth (2; 3 fits too).
 
-P and dS go to shared memory by stmatrix since 2026-12-05 (P_STMATRIX; branch wip/flash-bwd-stmatrix): ptxas (CPU)
-spills 116 -> 20 B at D 128 mode 2, 180 -> 84 mode 1, 148 -> 56 ordered, 12 -> 0 at D 96 (the hoisted swizzled
-addresses of the element-pair stores were what spilled). H200 2026-12-05 (tests/gpu/check_flash_bwd.sh): test_flash_bwd
-238 passed, sanitize_bwd racecheck 0 hazards / memcheck 0 errors; bench/ab_flash_bwd.py, B2 H16 S8K, element pairs ->
-stmatrix: D 128 451 -> 464 TFLOP/s (1.03x), causal 410 -> 424 (1.03x), ordered 317 -> 322 / 315 -> 319, D 64 315 ->
-316 / 291 -> 291 (dK, dV bitwise equal). The statements below are of the element-pair form.
-
-Status (2026-12-02): compiles for sm_90a (bf16/fp16, D 64/96/128, dense/varlen, modes 1 and 2; ptxas: 168 regs at
-launch, consumers raised to 240 by setmaxnreg, D=128 spills 180-188 B (mode 1) / 116 B (mode 2) of hoisted
-swizzled smem addresses, reloaded per tile; D=96 12 B; D=64 no spills). D 96 (2026-12-03): tests/gpu/test_flash_bwd.py
-and sanitize_bwd pass on the H200; B2 H16 S8k 419 / 380 TFLOP/s (0.92x / 0.93x cuDNN). H200: tests/gpu/test_flash_bwd.py, racecheck and
-memcheck pass in both modes (2026-12-02, bwd.py; test_flash_bwd again 2026-12-03); mode 2 is the default.
+Status (2026-12-07): the swapped S / dP is the one form since the H100 trial of that day
+(perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16, TFLOP/s against the earlier form, which computed S = Q K_w^T
+and stored P to shared memory for an SS dV; dK / dV bitwise equal): D 64 314 -> 333 / causal 291 -> 339, D 128
+462 -> 490 / 426 -> 450; the ordered form with its knobs above D 64 176 -> 243 / 204 -> 237, D 128 325 -> 361 /
+319 -> 341. On the final kernels (H100 07:34, perf/device_2026-12-07T0735_h100.txt) the whole GPU suite
+(test_flash_bwd 238 passed) and sanitize_bwd (racecheck 0 hazards, memcheck 0 errors) passed. The earlier form and
+its knobs (P by element pairs, 1.03x slower; S and dP as two groups) were deleted after that run: the kept kernels'
+PTX is byte-identical before and after the deletion (bf16 / fp16, D 64 / 96 / 128, dense / varlen, modes 1 and 2,
+ordered; compiled on the CPU). ptxas: 168 registers at launch, consumers raised to 240 by setmaxnreg; spills D 128
+mode 2 24 B, ordered 68 B, D 64 / 96 none; no wgmma serialization (tests/compile/test_wgmma_serialization.py).
 """
 import cutlass
 import cutlass.cute as cute
@@ -127,27 +117,17 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     """Pipelined backward for one static configuration (dtype, head_dim, varlen, dq_cols, ordered)."""
 
     # ordered form: where a warpgroup passes its turn on the previous tile's dQ counter. 0: at this tile's reduce
-    # (the first form); 1 (default since 2026-12-07): under this tile's dQ / dV / dK wgmmas, a tile's elementwise
+    # (the form of 2026-12-05); 1 (default since 2026-12-07): under this tile's dQ wgmmas, a tile's elementwise
     # part sooner
     TURN_PASS = 1
-    # 1: S and dP are two wgmma groups; P = exp2(...) is formed (and stored) once S is done, while dP's wgmmas still
-    # run, then dS once dP is done (the same arithmetic, so the same bits). 0: one group, both waited (trial knob)
-    SPLIT_SDP = 0
     # 2 (mode 2 only): dS double-buffered in shared memory (+16 KiB at D 128), so the second 256-thread barrier of a
     # tile (both warpgroups' dQ wgmmas done with dS before it is rewritten) goes: tile t + 2 rewrites buffer t % 2
     # only after the first barrier of tile t + 1, which both warpgroups reach with tile t's wgmmas retired.
     # None (default): 2 in the ordered form, 1 otherwise (the H100 trial of 2026-12-07; 1 or 2 forces both forms)
     DS_STAGES = None
-    # 1: S^T = K_w Q^T and dP^T = V_w dO^T (keys as the MMA rows): P^T and dS^T stay in registers as the A operand of
-    # dV += P^T dO and dK += dS^T Q (register-sourced wgmmas, issued before the tile's barrier), only dS goes to shared
-    # memory (for dQ, read back as an MN-major A operand); the per-query log2-LSE and Delta, now per column, are
-    # staged in shared memory a tile ahead (FA3 / FA4 call this SdP_swapAB; default since 2026-12-07, 0: the
-    # first form, S = Q K_w^T with P stored to shared memory for dV)
-    SWAP_SDP = 1
     DQ_COLS_DIMS = (128,)            # head dims that take the column-split dQ (mode 2) when asked
     ORDERED_DQ_COLS_DIMS = (64, 128)  # the same for the ordered form (one turn for both warpgroups halves its chain)
-    P_STMATRIX = True   # P and dS stored by stmatrix (False: the element-pair stores of 2026-12-02..05; A/B knob)
-    # depth of the (Q, dO) ring (trial knob: 3 fits D 128 mode 2 in 224 KiB, or with SWAP_SDP, which frees P's tile)
+    # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
 
@@ -156,14 +136,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         D, bm, bn, bnw, dtb = self.D, self.bm, self.bn, self.bnw, self.dtype.width // 8
         ds2 = self.ds_stages == 2 and self.dq_cols
         tiles = [bm * D * 4 * (1 if self.dq_cols else 2), bn * D * dtb, bn * D * dtb, bm * D * dtb * self.stages,
-                 bm * D * dtb * self.stages]
-        if self.SWAP_SDP != 1:
-            tiles.append(bm * bnw * dtb * 2)
-        tiles.append(bm * bnw * dtb * 2 * (2 if ds2 else 1))
+                 bm * D * dtb * self.stages, bm * bnw * dtb * 2 * (2 if ds2 else 1)]
         total = sum(-(-t // 1024) * 1024 for t in tiles)
-        if self.SWAP_SDP == 1:
-            total += bm * 2 * 2 * 2 * 4
-        return total + 8 * (2 * self.stages + 1)
+        return total + bm * 2 * 2 * 2 * 4 + 8 * (2 * self.stages + 1)   # + sStat, the mbarriers
 
     @classmethod
     def dq_cols_dims(cls, ordered: bool):
@@ -187,12 +162,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
-        # SWAP_SDP reuses the (bm, bnw) S tile, its partitions and P's operand view with rows and columns swapped
-        assert self.SWAP_SDP != 1 or self.bm == self.bnw, "SWAP_SDP needs square S tiles (bm == bnw)"
+        # S^T reuses the (bm, bnw) S tile's partitions and P's operand view with rows and columns swapped
+        assert self.bm == self.bnw, "S^T = K_w Q^T needs square S tiles (bm == bnw)"
         if self.smem_bytes() > self.SMEM_LIMIT:
-            raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.ds_stages}, "
-                             f"SWAP_SDP={self.SWAP_SDP} need {self.smem_bytes()} bytes of shared memory at head_dim "
-                             f"{head_dim} (dq_cols={self.dq_cols}); sm90 allows {self.SMEM_LIMIT}")
+            raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.ds_stages} need "
+                             f"{self.smem_bytes()} bytes of shared memory at head_dim {head_dim} "
+                             f"(dq_cols={self.dq_cols}); sm90 allows {self.SMEM_LIMIT}")
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -226,11 +201,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
         mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
                                               tiler_mn=(64, bnw))
-        mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.MN, Major.MN, Float32, (1, 1, 1),
-                                              tiler_mn=(64, D))
-        swap = self.SWAP_SDP == 1
-        # SWAP_SDP: dS is stored keys x queries (queries contiguous), so dQ = dS K reads it as an MN-major A
-        a_dq = Major.MN if swap else Major.K
+        # dS is stored keys x queries (queries contiguous), so dQ = dS K reads it as an MN-major A
+        a_dq = Major.MN
         mma_dq = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                              tiler_mn=(64, self.dqn))
         # same MMAs fixed to overwrite (first k-block of S, dP, dQ): no register zeroing between wgmma groups
@@ -238,10 +210,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                                 tiler_mn=(64, bnw))
         mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                                tiler_mn=(64, self.dqn))
-        if cutlass.const_expr(swap):
-            # dV += P^T dO, dK += dS^T Q with P^T, dS^T from registers (the S^T / dP^T accumulators, rounded)
-            mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1), tiler_mn=(64, D),
-                                                  a_source=wg.OperandSource.RMEM)
+        # dV += P^T dO, dK += dS^T Q with P^T, dS^T from registers (the S^T / dP^T accumulators, rounded)
+        mma_dkv = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.MN, Float32, (1, 1, 1), tiler_mn=(64, D),
+                                              a_source=wg.OperandSource.RMEM)
 
         G2S = cpasync.CopyBulkTensorTileG2SOp
         l_q1 = cute.slice_(l_q, (None, None, 0))
@@ -338,46 +309,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         return cutlass.select_(q_ok & (j >= lo) & (j <= hi), p, Float32(0.0))
 
     @cute.jit
-    def _p_ds_fast(self, s_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, lse_r: cute.Tensor,
-                   dl_r: cute.Tensor, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
-                   need_mask, with_ds: cutlass.Constexpr = True):
-        """s_mn <- P, dp_mn <- dS (fp32) on a thread's (2 rows x cols) views; masks only when need_mask. with_ds False:
-        P only (SPLIT_SDP = 1; dS then by _ds_fast)."""
-        if need_mask:
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                i = i0 + c_mn[r, 0][0]
-                lse2 = lse_r[r]
-                if cutlass.const_expr(with_ds):
-                    dl = dl_r[r]
-                lo, hi, row_ok = self._query_bounds(i, off, win_left, win_right, slen_q, slen_k)
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    j = j0 + c_mn[r, c][1]
-                    p = self._p_of(s_mn[r, c], lse2, scale_log2, (row_ok, j, lo, hi))
-                    s_mn[r, c] = p
-                    if cutlass.const_expr(with_ds):
-                        dp_mn[r, c] = p * (dp_mn[r, c] - dl)
-        else:
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                lse2 = lse_r[r]
-                if cutlass.const_expr(with_ds):
-                    dl = dl_r[r]
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    p = self._p_of(s_mn[r, c], lse2, scale_log2)
-                    s_mn[r, c] = p
-                    if cutlass.const_expr(with_ds):
-                        dp_mn[r, c] = p * (dp_mn[r, c] - dl)
-
-    @cute.jit
-    def _ds_fast(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, dl_r: cute.Tensor):
-        """dp_mn <- dS = P (dP - Delta) (fp32; P already 0 where masked), _p_ds_fast's second half."""
-        for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
-            dl = dl_r[r]
-            for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
-                dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
-
-    @cute.jit
     def _col_stat(self, mLSE2: cute.Tensor, mDelta: cute.Tensor, bb, hq, off_q, row, slen_q, kind):
-        """SWAP_SDP: query row `row`'s log2-LSE (kind 0) or Delta (kind 1); +inf / 0 past the segment's end (P = 0,
+        """Query row `row`'s log2-LSE (kind 0) or Delta (kind 1); +inf / 0 past the segment's end (P = 0,
         dS = 0 there), as _row_stats."""
         v = Float32(0.0)
         if kind == 0:
@@ -392,8 +325,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     @cute.jit
     def _p_swap(self, s_mn: cute.Tensor, c_mn: cute.Tensor, sL: cute.Tensor, i0, j0, slen_q, slen_k, off,
                 win_left, win_right, scale_log2, need_mask):
-        """SWAP_SDP: s_mn (a thread's rows = keys x cols = queries view of S^T) <- P^T, with the column's log2-LSE
-        from shared memory; masks only when need_mask (the semantics of _p_ds_fast, transposed)."""
+        """s_mn (a thread's rows = keys x cols = queries view of S^T) <- P^T, with the column's log2-LSE from shared
+        memory; masks only when need_mask (mask.py's semantics; queries past the segment's end give P = 0)."""
         if need_mask:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 qi = c_mn[0, c][1]
@@ -410,7 +343,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
     @cute.jit
     def _ds_swap(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, sD: cute.Tensor):
-        """SWAP_SDP: dp_mn <- dS^T = P^T (dP^T - Delta) with the column's Delta from shared memory."""
+        """dp_mn <- dS^T = P^T (dP^T - Delta) with the column's Delta from shared memory."""
         for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
             dl = sD[c_mn[0, c][1]]
             for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
@@ -423,7 +356,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                   tPrdO: cute.Tensor, tVrPt: cute.Tensor, tVrdOt: cute.Tensor, tKrdSt: cute.Tensor,
                   tKrQt: cute.Tensor, stage, c_mn: cute.Tensor, sL: cute.Tensor, sD: cute.Tensor, i0, j0, slen_q,
                   slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s, tPsdS: cute.Tensor):
-        """SWAP_SDP, one tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
+        """One tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
         then [dV += P^T dO] once P^T is formed (dP^T still running), then the rounded dS^T is stored to shared memory
         (tPsdS, for dQ; before the dK wgmma that reads the same registers is issued: a pending wgmma's A registers
         are not touched, not even read) and [dK += dS^T Q] issued. dV and dK stay in flight (rP / rdS are not
@@ -488,12 +421,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         sV = smem.allocate_tensor(dt, l_k.outer, 1024, l_k.inner)
         sQ = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
         sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
-        swap = self.SWAP_SDP == 1
-        if cutlass.const_expr(swap):
-            # per consumer warpgroup, two tiles' columns: [query of the tile, log2-LSE / Delta, tile parity, warpgroup]
-            sStat = smem.allocate_tensor(Float32, cute.make_layout((bm, 2, 2, 2)), 16)
-        else:
-            sP = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
+        # per consumer warpgroup, two tiles' columns: [query of the tile, log2-LSE / Delta, tile parity, warpgroup]
+        sStat = smem.allocate_tensor(Float32, cute.make_layout((bm, 2, 2, 2)), 16)
         ds2 = self.ds_stages == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
         if cutlass.const_expr(ds2):
             l_ds4 = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2, 2),
@@ -565,22 +494,19 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 sKw = cute.local_tile(sK, (bnw, D), (cwg, 0))
                 sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
-                if cutlass.const_expr(not swap):
-                    sPw = sP[None, None, cwg]
                 if cutlass.const_expr(ds2):
                     sdSw = sdS[None, None, cwg, None]
                 else:
                     sdSw = sdS[None, None, cwg]
                 if cutlass.const_expr(self.dq_cols):
                     sdQw = cute.local_tile(sdQ, (bm, D // 2), (0, cwg))
-                    # the whole dS tile (64 x 128 keys): the two (64, 64) halves laid out as one (64, 128) tile
-                    # (SWAP_SDP: the (64 keys, 64 queries) halves as one (128 keys, 64 queries) tile, seen transposed)
-                    ds_shape = (bn, bm) if swap else (bm, bn)
+                    # the whole dS tile: the two (64 keys, 64 queries) halves as one (128 keys, 64 queries) tile,
+                    # seen transposed
+                    ds_shape = (bn, bm)
                     l_ds = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt),
                                               (*ds_shape, 2) if ds2 else ds_shape, order=(0, 1, 2) if ds2 else (0, 1))
                     sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
-                    if cutlass.const_expr(swap):
-                        sdS_all = _t3(sdS_all) if ds2 else _transpose(sdS_all)
+                    sdS_all = _t3(sdS_all) if ds2 else _transpose(sdS_all)
                 else:
                     sdQw = sdQ[None, None, cwg]
 
@@ -591,26 +517,17 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     fa = mma_sdp.make_fragment_A(thr_sdp.partition_A(a))
                     return fa, mma_sdp.make_fragment_B(thr_sdp.partition_B(b))
 
-                if cutlass.const_expr(swap):
-                    # S^T = K_w Q^T, dP^T = V_w dO^T: the key block is A, the staged (Q, dO) tile B
-                    tSrK, tSrQ = frags_ab(sKw, sQ)
-                    tPrV, tPrdO = frags_ab(sVw, sdO)
-                    tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
-                    tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
-                else:
-                    tSrQ, tSrK = frags_ab(sQ, sKw)
-                    tPrdO, tPrV = frags_ab(sdO, sVw)
-                    tVrPt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_transpose(sPw)))
-                    tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
-                    tKrdSt = mma_dkv.make_fragment_A(thr_dkv.partition_A(_t3(sdSw) if cutlass.const_expr(ds2) else
-                                                                         _transpose(sdSw)))
-                    tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
+                # S^T = K_w Q^T, dP^T = V_w dO^T: the key block is A, the staged (Q, dO) tile B
+                tSrK, tSrQ = frags_ab(sKw, sQ)
+                tPrV, tPrdO = frags_ab(sVw, sdO)
+                tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
+                tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
                 if cutlass.const_expr(self.dq_cols):
                     tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS_all))
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(
                         cute.local_tile(_transpose(sK), (dqn, bn), (cwg, 0))))]
                 else:
-                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transpose(sdSw) if swap else sdSw))
+                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(_transpose(sdSw)))
                     sKwt = _transpose(sKw)
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
                              for h in range(nsplit)]
@@ -618,10 +535,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
-                if cutlass.const_expr(swap):
-                    r2s, thr_r2s, (tPsdS,) = self._tile_store(mma_sdp, ctid, (sdSw,), self.P_STMATRIX)
-                else:
-                    r2s, thr_r2s, (tPsP, tPsdS) = self._tile_store(mma_sdp, ctid, (sPw, sdSw), self.P_STMATRIX)
+                r2s, thr_r2s, (tPsdS,) = self._tile_store(mma_sdp, ctid, (sdSw,), True)
                 c_mn = acc_mn_view(tScS)
 
                 acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -631,12 +545,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 acc_dQ = cute.make_rmem_tensor(tQsdQ[0].shape, Float32)
                 rP = cute.make_rmem_tensor(tScS.shape, dt)
                 rdS = cute.make_rmem_tensor(tScS.shape, dt)
-                if cutlass.const_expr(swap):
-                    # the rounded P^T, dS^T accumulators as the A operand of dV / dK (K = the tile's bm queries)
-                    tVrPt = p_operand_view(rP, bm)
-                    tKrdSt = p_operand_view(rdS, bm)
-                lse_r = cute.make_rmem_tensor((2,), Float32)
-                dl_r = cute.make_rmem_tensor((2,), Float32)
+                # the rounded P^T, dS^T accumulators as the A operand of dV / dK (K = the tile's bm queries)
+                tVrPt = p_operand_view(rP, bm)
+                tKrdSt = p_operand_view(rdS, bm)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
                 mma_sdp.set(wg.Field.ACCUMULATE, True)
@@ -648,13 +559,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.ordered):
                     turn_a, turn_c = self._turns(nb, off, slen_q, slen_k, win_right)
                     slot0 = self._turn_slot0(b, off_q, Sq)
-                if cutlass.const_expr(swap):
-                    # each thread stages one value of a tile's 64 query columns: threads 0-63 log2-LSE, 64-127 Delta
-                    srow = ctid % bm
-                    skind = ctid // bm
-                    sStat[srow, skind, 0, cwg] = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv, off_q,
-                                                                m_min * bm + srow, slen_q, skind)
-                    self._wg_sync(cwg)
+                # each thread stages one value of a tile's 64 query columns: threads 0-63 log2-LSE, 64-127 Delta
+                srow = ctid % bm
+                skind = ctid // bm
+                sStat[srow, skind, 0, cwg] = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv, off_q,
+                                                            m_min * bm + srow, slen_q, skind)
+                self._wg_sync(cwg)
                 cute.arch.mbarrier_wait(bar_kv, 0)
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
                 for it in cutlass.range(n_iter, unroll=1):
@@ -664,62 +574,25 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     if cutlass.const_expr(ds2):
                         dsb = it % 2      # this tile's dS buffer
                         tPsdS_c = tPsdS[None, None, None, dsb]
-                        tKrdSt_c = tKrdSt if swap else tKrdSt[None, None, None, dsb]
                         tQrdS_c = tQrdS[None, None, None, dsb]
                     else:
-                        tPsdS_c, tKrdSt_c, tQrdS_c = tPsdS, tKrdSt, tQrdS
-                    if cutlass.const_expr(swap):
-                        # the next tile's column value, loaded now, staged before this tile's last barrier
-                        nxt_stat = Float32(0.0)
-                        if it + 1 < n_iter:
-                            nxt_stat = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv + (it + 1) // nm, off_q,
-                                                      (m_min + (it + 1) % nm) * bm + srow, slen_q, skind)
-                        sL = sStat[None, 0, it % 2, cwg]
-                        sD = sStat[None, 1, it % 2, cwg]
-                    else:
-                        # this thread's two rows: log2-LSE and Delta straight from global (overlaps the wait)
-                        for r in cutlass.range_constexpr(2):
-                            lse_r[r], dl_r[r] = self._row_stats(mLSE2, mDelta, bb, hq, off_q, i0 + c_mn[r, 0][0],
-                                                                slen_q)
+                        tPsdS_c, tQrdS_c = tPsdS, tQrdS
+                    # the next tile's column value, loaded now, staged before this tile's last barrier
+                    nxt_stat = Float32(0.0)
+                    if it + 1 < n_iter:
+                        nxt_stat = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv + (it + 1) // nm, off_q,
+                                                  (m_min + (it + 1) % nm) * bm + srow, slen_q, skind)
+                    sL = sStat[None, 0, it % 2, cwg]
+                    sD = sStat[None, 1, it % 2, cwg]
                     need_mask = mask_lib.block_needs_mask(i0, bm, jw0, bnw, slen_q, slen_k, win_left, win_right,
                                                           True)
                     need_mask = need_mask or (i0 + bm > slen_q)
 
                     pipe.consumer_wait(st)
-                    if cutlass.const_expr(swap):
-                        self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
-                                       tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt_c, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
-                                       slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,
-                                       tPsdS_c)
-                    else:
-                        wg.fence()
-                        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrQ[None, None, kb, st.index],
-                                      tSrK[None, None, kb], acc_S)
-                        if cutlass.const_expr(self.SPLIT_SDP == 1):
-                            wg.commit_group()
-                        for kb in cutlass.range_constexpr(cute.size(tPrdO, mode=[2])):
-                            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrdO[None, None, kb, st.index],
-                                      tPrV[None, None, kb], acc_dP)
-                        wg.commit_group()
-                        if cutlass.const_expr(self.SPLIT_SDP == 1):
-                            wg.wait_group(1)      # S done; dP's wgmmas still run under P's exp2 and its store
-                            self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
-                                            slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, False)
-                            rP.store(acc_S.load().to(dt))
-                            self._store_tile(r2s, thr_r2s, rP, tPsP)
-                            wg.wait_group(0)
-                            self._ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), dl_r)
-                            rdS.store(acc_dP.load().to(dt))
-                            self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
-                        else:
-                            wg.wait_group(0)
-                            self._p_ds_fast(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, lse_r, dl_r, i0, jw0,
-                                            slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask)
-                            rP.store(acc_S.load().to(dt))
-                            rdS.store(acc_dP.load().to(dt))
-                            self._store_tile(r2s, thr_r2s, rP, tPsP)
-                            self._store_tile(r2s, thr_r2s, rdS, tPsdS_c)
+                    self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
+                                   tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
+                                   slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,
+                                   tPsdS_c)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
@@ -729,20 +602,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     else:
                         self._wg_sync(cwg)
 
-                    # groups: [dQ chunk 0], [dV, dK]; then each further dQ chunk after the previous one is staged
+                    # group [dQ chunk 0] (dV / dK went ahead of it); each further dQ chunk after the previous one is
+                    # staged
                     wg.fence()
                     for kb in cutlass.range_constexpr(cute.size(tQrdS_c, mode=[2])):
                         cute.gemm(mma_dq_z if kb == 0 else mma_dq, acc_dQ, tQrdS_c[None, None, kb],
                                   tQrKt[0][None, None, kb], acc_dQ)
                     wg.commit_group()
-                    if cutlass.const_expr(not swap):
-                        for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
-                            cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, st.index],
-                                      acc_dV)
-                        for kb in cutlass.range_constexpr(cute.size(tKrdSt_c, mode=[2])):
-                            cute.gemm(mma_dkv, acc_dK, tKrdSt_c[None, None, kb], tKrQt[None, None, kb, st.index],
-                                      acc_dK)
-                        wg.commit_group()
                     if cutlass.const_expr(self.ordered and self.TURN_PASS == 1):
                         if wwarp == 0:
                             if it > 0:
@@ -753,8 +619,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                 if prev < mSem.shape[1]:
                                     tile_order.pass_turn(self._turn_ptr(mSem, hkv * qhead_per_kv + (it - 1) // nm,
                                                                         prev))
-                    # dQ chunk 0 done (SWAP_SDP: it is the last group; dV / dK went ahead of it)
-                    wg.wait_group(0 if swap else 1)
+                    # dQ chunk 0 done (the last group; dV / dK went ahead of it)
+                    wg.wait_group(0)
                     # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
                     cute.autovec_copy(acc_dQ, tQsdQ[0])
                     for h in cutlass.range_constexpr(1, nsplit):
@@ -771,8 +637,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     pipe.consumer_release(st)
                     st.advance()
 
-                    if cutlass.const_expr(swap):
-                        sStat[srow, skind, (it + 1) % 2, cwg] = nxt_stat   # read after the barrier below
+                    sStat[srow, skind, (it + 1) % 2, cwg] = nxt_stat   # read after the barrier below
                     cute.arch.fence_proxy("async.shared", space="cta")
                     self._wg_sync(cwg)
                     if wwarp == 0:

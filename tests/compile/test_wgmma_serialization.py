@@ -31,17 +31,14 @@ KERNELS = {
                                "True)",
     "flash_bwd_ordered": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, True, True, "
                          "ordered=True); m.compile_variant('float16', 64, True, True, ordered=True)",
-    # the first form (SWAP_SDP = 0, the default until 2026-12-07) and its trial knobs, kept as A/B knobs
-    "flash_bwd_first_form": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                            "import FlashBwdSm90Fast as K; K.SWAP_SDP = 0; K.DS_STAGES = 1; K.TURN_PASS = 0; "
-                            "K.ORDERED_DQ_COLS_DIMS = (128,); "
-                            "m.compile_variant('bfloat16', 128, False, False, fast=2); "
-                            "m.compile_variant('float16', 64, True, True, ordered=True)",
-    "flash_bwd_trial_knobs": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                             "import FlashBwdSm90Fast as K; K.SWAP_SDP = 0; K.SPLIT_SDP = 1; K.DS_STAGES = 2; "
-                             "K.DQ_COLS_DIMS = (64, 128); K.TURN_PASS = 1; "
-                             "m.compile_variant('bfloat16', 128, True, True, ordered=True); "
-                             "m.compile_variant('bfloat16', 64, False, False, fast=2)",
+    # the knobs' other settings (bench/ab_flash_bwd.py): a 3-deep ring with dS double-buffered in mode 2, mode 2 at
+    # D 64 outside the ordered form, the ordered form's first turn pass, its mode 1 at D 64
+    "flash_bwd_knobs": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
+                       "import FlashBwdSm90Fast as K; K.STAGES = 3; K.DS_STAGES = 2; K.DQ_COLS_DIMS = (64, 128); "
+                       "m.compile_variant('bfloat16', 128, True, False, fast=2); "
+                       "m.compile_variant('bfloat16', 64, False, False, fast=2); "
+                       "K.STAGES = 2; K.DS_STAGES = None; K.TURN_PASS = 0; K.ORDERED_DQ_COLS_DIMS = (128,); "
+                       "m.compile_variant('float16', 64, True, True, ordered=True)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "

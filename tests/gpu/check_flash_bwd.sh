@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check of the pipelined flash-attention backward's stmatrix P / dS stores (ops/flash_attention/
-# backward_fast_sm90.py, P_STMATRIX) in one device call:
+# The GPU check of the pipelined flash-attention backward (ops/flash_attention/backward_fast_sm90.py) in one device
+# call:
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null; export OUT; bash tests/gpu/check_flash_bwd.sh
-# test_flash_bwd and sanitize_bwd (racecheck, memcheck) through run_device.sh, then the same-run A/B of the two store
-# forms (bench/ab_flash_bwd.py: D 128 and 64 (AB_DIMS), causal and not, the ordered form at D 128). Logs to $OUT.
+# test_flash_bwd and sanitize_bwd (racecheck, memcheck) through run_device.sh, then the same-run A/B of bench/ab_flash_bwd.py's
+# default knob set (bench/ab_flash_bwd.py: D 128 and 64 (AB_DIMS), causal and not, the ordered form at D 128). Logs to $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 source tests/gpu/device_env.sh

@@ -162,12 +162,12 @@ if step "flash-attention benches of the other head dims against FA4" 120 flash_d
   awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /' "$OUT/flash_dims.txt"
 fi
 if step "flash backward knob trial" 100 flash_trial; then
-  # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: P formed under dP's wgmmas,
-  # dS double-buffered, mode 2 at D 64, the early turn pass, and FLASH_AB_KNOBS), then test_flash_bwd (-k "fast2 or
-  # ordered") and sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS (default: all four knobs)
-  kn=${FLASH_AB_KNOBS:-DQ_COLS_DIMS=64:128,TURN_PASS=1,SPLIT_SDP=1,DS_STAGES=2}
+  # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: a 3-deep ring, dS
+  # double-buffered, mode 2 at D 64, and FLASH_AB_KNOBS), then test_flash_bwd (-k "fast2 or ordered") and
+  # sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS (default: those three together)
+  kn=${FLASH_AB_KNOBS:-STAGES=3,DQ_COLS_DIMS=64:128,DS_STAGES=2}
   timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} \
-    --knobs ${FLASH_AB_SETS:-SPLIT_SDP=1 DS_STAGES=2 DQ_COLS_DIMS=64:128 TURN_PASS=1 $kn} 2>&1 |
+    --knobs ${FLASH_AB_SETS:-STAGES=3 DS_STAGES=2 DQ_COLS_DIMS=64:128 $kn} 2>&1 |
     grep -v Warn > "$OUT/ab_flash_bwd.txt"
   tail -42 "$OUT/ab_flash_bwd.txt"
   FLASH_BWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_flash_bwd.py \
