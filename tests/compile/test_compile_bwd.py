@@ -30,7 +30,7 @@ def test_compile_bwd(args):
 
 def test_variant_list():
     """The list covers each family once: per dtype and layout, the narrow pairs' simple kernels in both modes, modes 1
-    and 2 of the pipelined kernel, the ordered form (mode 2 at D 128, 1 otherwise), the wide pairs."""
+    and 2 of the pipelined kernel, the ordered form (mode 2 at D 64 and 128, 1 at D 96), the wide pairs."""
     narrow = [d for d, dv in supported.BWD_HEAD_DIMS if (d, dv) not in supported.BWD_WIDE_HEAD_DIMS]
     per = 2 * len(narrow) + len(narrow) + 1 + len(narrow) + len(supported.BWD_WIDE_HEAD_DIMS)
     args = bwd.all_variant_args()
@@ -39,6 +39,7 @@ def test_variant_list():
 
 @pytest.mark.parametrize("varlen", [False, True])
 def test_ordered_modes(varlen):
-    for d in (64, 128):
+    """The ordered form is mode 2 (column-split dQ) at D 64 and 128, mode 1 at D 96 (ORDERED_DQ_COLS_DIMS)."""
+    for d in (64, 96, 128):
         bwd.compile_variant("bfloat16", d, varlen, True, ordered=True)
-        assert ("bfloat16", d, varlen, True, 2 if d == 128 else 1, True) in bwd._CACHE
+        assert ("bfloat16", d, varlen, True, 1 if d == 96 else 2, True) in bwd._CACHE
