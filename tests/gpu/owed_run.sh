@@ -16,7 +16,8 @@
 # then on the final kernels (60d4022, SWAP_SDP the default) the whole suite and all 20 sanitizer runs (STEPS="tests
 # sanitize"), then issue 12's FA4 tables (STEPS="flash_bench flash_dims ncu_flash", FA4's wheels in .device/whl and the
 # flash entries of the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention
-# opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together). Owed next:
+# opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together); 08:14 test_flash_bwd and sanitize_bwd on
+# 160cd43 (the unswapped form deleted, PTX byte-identical). Owed next:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches lean" BUDGET=560;
 #   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 07:44).
 # The steps of STEPS=all, in order:
