@@ -77,6 +77,9 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
   - TURN_PASS = 1 (ordered form, the default): a warpgroup waits for its previous reduce and passes that turn
     under the current tile's dQ wgmmas instead of at the current tile's reduce, so the next writer waits less.
   - STAGES: the (Q, dO) ring's depth (2; 3 fits too).
+  - STAT_AHEAD = 1 (trial, CPU only): a tile's column log2-LSE / Delta go from shared memory to registers before the
+    wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B, ordered
+    68 -> 88 B, D 64 / 96 none).
 
 Status (2026-12-07): the swapped S / dP is the one form since the H100 trial of that day
 (perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16, TFLOP/s against the earlier form, which computed S = Q K_w^T
@@ -127,6 +130,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     DS_STAGES = None
     DQ_COLS_DIMS = (128,)            # head dims that take the column-split dQ (mode 2) when asked
     ORDERED_DQ_COLS_DIMS = (64, 128)  # the same for the ordered form (one turn for both warpgroups halves its chain)
+    # 1: each tile's column log2-LSE / Delta are read from shared memory into registers before the wgmma waits that
+    # precede their use (ncu, H100 2026-12-07: the LDS.64 of the stats right before their first FFMA / FADD hold
+    # ~10 % of the stall samples at D 128, short scoreboard); 0: read where used (trial knob, CPU only so far)
+    STAT_AHEAD = 0
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -324,28 +331,37 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
     @cute.jit
     def _p_swap(self, s_mn: cute.Tensor, c_mn: cute.Tensor, sL: cute.Tensor, i0, j0, slen_q, slen_k, off,
-                win_left, win_right, scale_log2, need_mask):
+                win_left, win_right, scale_log2, need_mask, rL=None):
         """s_mn (a thread's rows = keys x cols = queries view of S^T) <- P^T, with the column's log2-LSE from shared
-        memory; masks only when need_mask (mask.py's semantics; queries past the segment's end give P = 0)."""
+        memory (or from rL, _col_regs' copy); masks only when need_mask (mask.py's semantics; queries past the
+        segment's end give P = 0)."""
         if need_mask:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 qi = c_mn[0, c][1]
-                lse2 = sL[qi]
+                lse2 = rL[c] if cutlass.const_expr(rL is not None) else sL[qi]
                 lo, hi, col_ok = self._query_bounds(i0 + qi, off, win_left, win_right, slen_q, slen_k)
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     j = j0 + c_mn[r, c][0]
                     s_mn[r, c] = self._p_of(s_mn[r, c], lse2, scale_log2, (col_ok, j, lo, hi))
         else:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                lse2 = sL[c_mn[0, c][1]]
+                lse2 = rL[c] if cutlass.const_expr(rL is not None) else sL[c_mn[0, c][1]]
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     s_mn[r, c] = self._p_of(s_mn[r, c], lse2, scale_log2)
 
     @cute.jit
-    def _ds_swap(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, sD: cute.Tensor):
-        """dp_mn <- dS^T = P^T (dP^T - Delta) with the column's Delta from shared memory."""
+    def _col_regs(self, c_mn: cute.Tensor, sX: cute.Tensor):
+        """STAT_AHEAD: this thread's columns' values of sX (log2-LSE or Delta) copied to registers."""
+        r = cute.make_rmem_tensor((cute.size(c_mn, mode=[1]),), Float32)
+        for c in cutlass.range_constexpr(cute.size(c_mn, mode=[1])):
+            r[c] = sX[c_mn[0, c][1]]
+        return r
+
+    @cute.jit
+    def _ds_swap(self, p_mn: cute.Tensor, dp_mn: cute.Tensor, c_mn: cute.Tensor, sD: cute.Tensor, rD=None):
+        """dp_mn <- dS^T = P^T (dP^T - Delta) with the column's Delta from shared memory (or rD, _col_regs')."""
         for c in cutlass.range_constexpr(cute.size(p_mn, mode=[1])):
-            dl = sD[c_mn[0, c][1]]
+            dl = rD[c] if cutlass.const_expr(rD is not None) else sD[c_mn[0, c][1]]
             for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
                 dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
 
@@ -371,16 +387,22 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrV[None, None, kb],
                       tPrdO[None, None, kb, stage], acc_dP)
         wg.commit_group()
+        rL = None
+        if cutlass.const_expr(self.STAT_AHEAD == 1):
+            rL = self._col_regs(c_mn, sL)   # the shared-memory reads under the S^T / dP^T wgmmas, not after them
         wg.wait_group(1)
         self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
-                     need_mask)
+                     need_mask, rL)
         rP.store(acc_S.load().to(dt))
         wg.fence()
         for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
             cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, stage], acc_dV)
         wg.commit_group()
+        rD = None
+        if cutlass.const_expr(self.STAT_AHEAD == 1):
+            rD = self._col_regs(c_mn, sD)
         wg.wait_group(1)
-        self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD)
+        self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD, rD)
         rdS.store(acc_dP.load().to(dt))
         self._store_tile(r2s, thr_r2s, rdS, tPsdS)
         wg.fence()

@@ -18,6 +18,9 @@
 # flash entries of the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention
 # opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together); 08:14 test_flash_bwd and sanitize_bwd on
 # 160cd43 (the unswapped form deleted, PTX byte-identical). Owed next:
+#   0) the flash backward's STAT_AHEAD knob (CPU only: ptxas spills D 128 mode 2 24 -> 60 B, ordered 68 -> 88 B,
+#      D 64 / 96 none; ncu put ~10 % of D 128's stall samples on the LDS of the column stats right before their use,
+#      perf/flash_bwd_sass_2026-12-07T0820_h100.txt): STEPS=flash_trial (~150 s; its variants compile on the device);
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches lean" BUDGET=560;
 #   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 07:44).
 # The steps of STEPS=all, in order:
@@ -163,12 +166,12 @@ if step "flash-attention benches of the other head dims against FA4" 120 flash_d
   awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /' "$OUT/flash_dims.txt"
 fi
 if step "flash backward knob trial" 100 flash_trial; then
-  # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: a 3-deep ring, dS
-  # double-buffered, mode 2 at D 64, and FLASH_AB_KNOBS), then test_flash_bwd (-k "fast2 or ordered") and
-  # sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS (default: those three together)
-  kn=${FLASH_AB_KNOBS:-STAGES=3,DQ_COLS_DIMS=64:128,DS_STAGES=2}
+  # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: the column stats read
+  # ahead), then test_flash_bwd (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS
+  # (default: the same)
+  kn=${FLASH_AB_KNOBS:-STAT_AHEAD=1}
   timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} \
-    --knobs ${FLASH_AB_SETS:-STAGES=3 DS_STAGES=2 DQ_COLS_DIMS=64:128 $kn} 2>&1 |
+    --knobs ${FLASH_AB_SETS:-$kn} 2>&1 |
     grep -v Warn > "$OUT/ab_flash_bwd.txt"
   tail -42 "$OUT/ab_flash_bwd.txt"
   FLASH_BWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_flash_bwd.py \
