@@ -8,8 +8,9 @@ Knob sets timed so far (docs/performance.md): P_STMATRIX=0 (element-pair P / dS 
 1.03x at D 128); DQ_COLS_DIMS=64:128, TURN_PASS=1, SPLIT_SDP=1, DS_STAGES=2 and SWAP_SDP=1 (2026-12-07: S^T / dP^T with
 the keys as MMA rows, 1.06-1.17x, made the one form with the ordered form's DQ_COLS_DIMS 64, TURN_PASS 1, DS_STAGES 2;
 P_STMATRIX, SPLIT_SDP and SWAP_SDP went with the earlier form); STAGES=3 and DQ_COLS_DIMS=64:128 again (08:14: within
-1 %, 0.93x on some rows). Knobs left: DQ_COLS_DIMS, ORDERED_DQ_COLS_DIMS, DS_STAGES, TURN_PASS, STAGES, STAT_AHEAD (the
-column stats read into registers before the wgmma waits; not timed yet, the default set).
+1 %, 0.93x on some rows); STAT_AHEAD=1 (09:30: the column stats read into registers before the wgmma waits, D 128
+1.03x, D 64 causal 0.97x: made the default at D 128 as STAT_AHEAD_DIMS). Knobs left: DQ_COLS_DIMS, ORDERED_DQ_COLS_DIMS,
+DS_STAGES, TURN_PASS, STAGES, STAT_AHEAD_DIMS (the default set, STAT_AHEAD_DIMS=0, is the stats read where used).
 
 Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128 TURN_PASS=1 ...]
 """
@@ -89,6 +90,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dims", type=int, nargs="*", default=[128, 96, 64])
-    p.add_argument("--knobs", nargs="+", default=["STAT_AHEAD=1"],
+    p.add_argument("--knobs", nargs="+", default=["STAT_AHEAD_DIMS=0"],
                    help="knob sets NAME=VALUE,... (FlashBwdSm90Fast class knobs), each timed against the defaults")
     main(p.parse_args())

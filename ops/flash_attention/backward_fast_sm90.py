@@ -77,9 +77,12 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
   - TURN_PASS = 1 (ordered form, the default): a warpgroup waits for its previous reduce and passes that turn
     under the current tile's dQ wgmmas instead of at the current tile's reduce, so the next writer waits less.
   - STAGES: the (Q, dO) ring's depth (2; 3 fits too).
-  - STAT_AHEAD = 1 (trial, CPU only): a tile's column log2-LSE / Delta go from shared memory to registers before the
-    wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B, ordered
-    68 -> 88 B, D 64 / 96 none).
+  - STAT_AHEAD_DIMS = (128,): at these head dims a tile's column log2-LSE / Delta go from shared memory to registers
+    before the wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B,
+    ordered 68 -> 88 B, D 64 / 96 none). H100 2026-12-07 09:30 (perf/device_2026-12-07T0930_h100.txt, same run):
+    D 128 489 -> 502 / causal 447 -> 459 TFLOP/s, ordered 358 -> 360 / 338 -> 342; D 64 330 -> 335 but causal
+    336 -> 328 (so D 64 reads them where used); test_flash_bwd -k "fast2 or ordered" (86) and sanitize_bwd clean with
+    it at D 64 and 128.
 
 Status (2026-12-07): the swapped S / dP is the one form since the H100 trial of that day
 (perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16, TFLOP/s against the earlier form, which computed S = Q K_w^T
@@ -111,6 +114,11 @@ NTHREADS_FAST = 384  # producer warpgroup + 2 consumer warpgroups
 STAGES = 2
 
 
+def _dims(knob):
+    """A head-dim knob as a tuple: a tuple, or one int as a knob spec gives it ("128"; "0": none)."""
+    return tuple(knob) if isinstance(knob, (tuple, list)) else (int(knob),)
+
+
 def _t3(t):
     """(rows, cols, stages) -> (cols, rows, stages) view."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0, 2]))
@@ -130,10 +138,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     DS_STAGES = None
     DQ_COLS_DIMS = (128,)            # head dims that take the column-split dQ (mode 2) when asked
     ORDERED_DQ_COLS_DIMS = (64, 128)  # the same for the ordered form (one turn for both warpgroups halves its chain)
-    # 1: each tile's column log2-LSE / Delta are read from shared memory into registers before the wgmma waits that
-    # precede their use (ncu, H100 2026-12-07: the LDS.64 of the stats right before their first FFMA / FADD hold
-    # ~10 % of the stall samples at D 128, short scoreboard); 0: read where used (trial knob, CPU only so far)
-    STAT_AHEAD = 0
+    # head dims whose tiles read the column log2-LSE / Delta from shared memory into registers before the wgmma waits
+    # that precede their use (ncu, H100 2026-12-07: the LDS.64 of the stats right before their first FFMA / FADD held
+    # ~10 % of the stall samples at D 128, short scoreboard); other dims read them where used. H100 trial 2026-12-07
+    # 09:30 (B2 H16 S8K): D 128 1.027x / causal 1.028x, ordered 1.008x / 1.010x; D 64 1.015x / causal 0.974x
+    STAT_AHEAD_DIMS = (128,)
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -150,7 +159,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     @classmethod
     def dq_cols_dims(cls, ordered: bool):
         """Head dims whose mode 2 is the column-split dQ (others fall back to mode 1), per form."""
-        return cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS
+        return _dims(cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS)
 
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
@@ -161,6 +170,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # per-warpgroup partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
         self.dq_cols = bool(dq_cols) and head_dim in self.dq_cols_dims(self.ordered)
         self.ds_stages = self.DS_STAGES if self.DS_STAGES is not None else (2 if self.ordered else 1)
+        self.stat_ahead = head_dim in _dims(self.STAT_AHEAD_DIMS)
         self.bm = BLOCK_M_FAST
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
@@ -351,7 +361,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
     @cute.jit
     def _col_regs(self, c_mn: cute.Tensor, sX: cute.Tensor):
-        """STAT_AHEAD: this thread's columns' values of sX (log2-LSE or Delta) copied to registers."""
+        """STAT_AHEAD_DIMS: this thread's columns' values of sX (log2-LSE or Delta) copied to registers."""
         r = cute.make_rmem_tensor((cute.size(c_mn, mode=[1]),), Float32)
         for c in cutlass.range_constexpr(cute.size(c_mn, mode=[1])):
             r[c] = sX[c_mn[0, c][1]]
@@ -388,7 +398,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                       tPrdO[None, None, kb, stage], acc_dP)
         wg.commit_group()
         rL = None
-        if cutlass.const_expr(self.STAT_AHEAD == 1):
+        if cutlass.const_expr(self.stat_ahead):
             rL = self._col_regs(c_mn, sL)   # the shared-memory reads under the S^T / dP^T wgmmas, not after them
         wg.wait_group(1)
         self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
@@ -399,7 +409,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, stage], acc_dV)
         wg.commit_group()
         rD = None
-        if cutlass.const_expr(self.STAT_AHEAD == 1):
+        if cutlass.const_expr(self.stat_ahead):
             rD = self._col_regs(c_mn, sD)
         wg.wait_group(1)
         self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD, rD)

@@ -169,7 +169,7 @@ if step "flash backward knob trial" 100 flash_trial; then
   # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: the column stats read
   # ahead), then test_flash_bwd (-k "fast2 or ordered") and sanitize_bwd with FLASH_BWD_KNOBS = FLASH_AB_KNOBS
   # (default: the same)
-  kn=${FLASH_AB_KNOBS:-STAT_AHEAD=1}
+  kn=${FLASH_AB_KNOBS:-STAT_AHEAD_DIMS=0}
   timeout $(($(left) - 5)) python3 bench/ab_flash_bwd.py --dims ${FLASH_AB_DIMS:-64 128} \
     --knobs ${FLASH_AB_SETS:-$kn} 2>&1 |
     grep -v Warn > "$OUT/ab_flash_bwd.txt"
