@@ -94,6 +94,9 @@ its knobs (P by element pairs, 1.03x slower; S and dP as two groups) were delete
 PTX is byte-identical before and after the deletion (bf16 / fp16, D 64 / 96 / 128, dense / varlen, modes 1 and 2,
 ordered; compiled on the CPU). ptxas: 168 registers at launch, consumers raised to 240 by setmaxnreg; spills D 128
 mode 2 24 B, ordered 68 B, D 64 / 96 none; no wgmma serialization (tests/compile/test_wgmma_serialization.py).
+The column stats read ahead at D 128 (STAT_AHEAD_DIMS, 8f5519d): H100 2026-12-07 09:44 (perf/flash_fa4_2026-12-07T0944_h100.txt)
+test_flash_bwd 238 passed, sanitize_bwd racecheck 0 hazards, memcheck 0 errors; D 128 500 / 452 TFLOP/s (ordered
+360 / 342) against 489 / 442 (356 / 339) read where used, same call; spills D 128 mode 2 60 B, ordered 88 B.
 """
 import cutlass
 import cutlass.cute as cute

@@ -12,17 +12,14 @@
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-07 07:20-07:48 on one H100 (no kind named; no H200 came): the flash backward knob trial (flash_trial),
-# then on the final kernels (60d4022, SWAP_SDP the default) the whole suite and all 20 sanitizer runs (STEPS="tests
-# sanitize"), then issue 12's FA4 tables (STEPS="flash_bench flash_dims ncu_flash", FA4's wheels in .device/whl and the
-# flash entries of the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention
-# opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together); 08:14 test_flash_bwd and sanitize_bwd on
-# 160cd43 (the unswapped form deleted, PTX byte-identical). Owed next:
-#   0) the flash backward's STAT_AHEAD knob (CPU only: ptxas spills D 128 mode 2 24 -> 60 B, ordered 68 -> 88 B,
-#      D 64 / 96 none; ncu put ~10 % of D 128's stall samples on the LDS of the column stats right before their use,
-#      perf/flash_bwd_sass_2026-12-07T0820_h100.txt): STEPS=flash_trial (~150 s; its variants compile on the device);
-#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches lean" BUDGET=560;
-#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 07:44).
+# Last runs: 2026-12-07 09:30 on one H100 (no kind named; no H200 came): the STAT_AHEAD trial (STEPS=flash_trial), then
+# on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on 8f5519d (the column stats
+# read ahead at D 128, the default): test_flash_bwd and sanitize_bwd (run_suite), bench/ab_flash_bwd.py against
+# STAT_AHEAD_DIMS=0, then issue 12's FA4 tables (STEPS=flash_bench, FA4's wheels in .device/whl and the flash entries of
+# the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon; the whole
+# store, the DSL and FA4 do not fit in 64 MiB together). Owed next:
+#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560;
+#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46).
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
