@@ -146,6 +146,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # ~10 % of the stall samples at D 128, short scoreboard); other dims read them where used. H100 trial 2026-12-07
     # 09:30 (B2 H16 S8K): D 128 1.027x / causal 1.028x, ordered 1.008x / 1.010x; D 64 1.015x / causal 0.974x
     STAT_AHEAD_DIMS = (128,)
+    # head dims whose tiles issue [S^T], [dP^T] first and run the previous tile's dQ epilogue (dQ to shared memory,
+    # stage release, column stat, barrier, bulk reduce) under them, instead of after its dQ wgmma; one dQ chunk only
+    # (nsplit 1). Trial knob (CPU only so far). No wgmma stays in flight across the loop's back edge (ptxas serializes
+    # a kernel whose [S^T], [dP^T] for the next tile are issued before the back edge: C7514, 2026-12-07 CPU)
+    EARLY_SDP_DIMS = ()
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -182,6 +187,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
+        self.early_sdp = head_dim in _dims(self.EARLY_SDP_DIMS) and self.nsplit == 1
         # S^T reuses the (bm, bnw) S tile's partitions and P's operand view with rows and columns swapped
         assert self.bm == self.bnw, "S^T = K_w Q^T needs square S tiles (bm == bnw)"
         if self.smem_bytes() > self.SMEM_LIMIT:
@@ -379,18 +385,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 dp_mn[r, c] = p_mn[r, c] * (dp_mn[r, c] - dl)
 
     @cute.jit
-    def _sdp_swap(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, mma_dkv: cute.TiledMma,
-                  acc_S: cute.Tensor, acc_dP: cute.Tensor, acc_dV: cute.Tensor, acc_dK: cute.Tensor,
-                  rP: cute.Tensor, rdS: cute.Tensor, tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor,
-                  tPrdO: cute.Tensor, tVrPt: cute.Tensor, tVrdOt: cute.Tensor, tKrdSt: cute.Tensor,
-                  tKrQt: cute.Tensor, stage, c_mn: cute.Tensor, sL: cute.Tensor, sD: cute.Tensor, i0, j0, slen_q,
-                  slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s, tPsdS: cute.Tensor):
-        """One tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
-        then [dV += P^T dO] once P^T is formed (dP^T still running), then the rounded dS^T is stored to shared memory
-        (tPsdS, for dQ; before the dK wgmma that reads the same registers is issued: a pending wgmma's A registers
-        are not touched, not even read) and [dK += dS^T Q] issued. dV and dK stay in flight (rP / rdS are not
-        written again before the tile's wait_group(0))."""
-        dt = self.dtype
+    def _sdp_issue(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, acc_S: cute.Tensor, acc_dP: cute.Tensor,
+                   tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor, tPrdO: cute.Tensor, stage):
+        """Groups [S^T = K_w Q^T], [dP^T = V_w dO^T] of the (Q, dO) tile in ring stage `stage` (full)."""
         wg.fence()
         for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
             cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb], tSrQ[None, None, kb, stage],
@@ -400,6 +397,24 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrV[None, None, kb],
                       tPrdO[None, None, kb, stage], acc_dP)
         wg.commit_group()
+
+    @cute.jit
+    def _sdp_swap(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, mma_dkv: cute.TiledMma,
+                  acc_S: cute.Tensor, acc_dP: cute.Tensor, acc_dV: cute.Tensor, acc_dK: cute.Tensor,
+                  rP: cute.Tensor, rdS: cute.Tensor, tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor,
+                  tPrdO: cute.Tensor, tVrPt: cute.Tensor, tVrdOt: cute.Tensor, tKrdSt: cute.Tensor,
+                  tKrQt: cute.Tensor, stage, c_mn: cute.Tensor, sL: cute.Tensor, sD: cute.Tensor, i0, j0, slen_q,
+                  slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s, tPsdS: cute.Tensor,
+                  issued: cutlass.Constexpr = False):
+        """One tile of a consumer warpgroup up to the dS store (the stage is full): groups [S^T], [dP^T],
+        then [dV += P^T dO] once P^T is formed (dP^T still running), then the rounded dS^T is stored to shared memory
+        (tPsdS, for dQ; before the dK wgmma that reads the same registers is issued: a pending wgmma's A registers
+        are not touched, not even read) and [dK += dS^T Q] issued. dV and dK stay in flight (rP / rdS are not
+        written again before the tile's wait_group(0)). issued: [S^T], [dP^T] were issued already (EARLY_SDP) and
+        are the only groups in flight."""
+        dt = self.dtype
+        if cutlass.const_expr(not issued):
+            self._sdp_issue(mma_sdp, mma_sdp_z, acc_S, acc_dP, tSrK, tSrQ, tPrV, tPrdO, stage)
         rL = None
         if cutlass.const_expr(self.stat_ahead):
             rL = self._col_regs(c_mn, sL)   # the shared-memory reads under the S^T / dP^T wgmmas, not after them
@@ -422,6 +437,40 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
             cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, stage], acc_dK)
         wg.commit_group()
+
+    @cute.jit
+    def _dq_out(self, t, hq_t, m_t, stat_n, sStat: cute.Tensor, srow, skind, cwg, wwarp, off_q, gdq: cute.Tensor, bb,
+                tma_dq: cute.CopyAtom, sdQw: cute.Tensor, mSem, slot0, m_min, nm, hq0, turn_a, turn_c):
+        """After tile t's dQ is in sdQw and its stage released: the next tile's column value staged (sStat, parity
+        t + 1), the warpgroup's barrier, then warp 0 bulk-reduces the tile into dQ (hq_t, m_t) (the ordered form: in
+        its turn, after passing tile t - 1's turn when TURN_PASS = 0)."""
+        bm, bn, D = self.bm, self.bn, self.D
+        sStat[srow, skind, (t + 1) % 2, cwg] = stat_n   # read after the barrier below
+        cute.arch.fence_proxy("async.shared", space="cta")
+        self._wg_sync(cwg)
+        if wwarp == 0:
+            if cutlass.const_expr(self.dq_cols):
+                gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq_t, bb]), (bm, D // 2),
+                                        (m_t, cwg))
+            else:
+                gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq_t, bb]), (bm, D), (m_t, 0))
+            tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
+            if cutlass.const_expr(self.ordered):
+                if cutlass.const_expr(self.TURN_PASS == 0):
+                    if t > 0:
+                        # the previous tile's reduce has fully completed (not only read its source): its turn passes
+                        # to the next writer of that dQ tile
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        prev = slot0 + m_min + (t - 1) % nm
+                        if prev < mSem.shape[1]:
+                            tile_order.pass_turn(self._turn_ptr(mSem, hq0 + (t - 1) // nm, prev))
+                turn = 2 * cutlass.min(turn_a, (m_t * bm + turn_c) // bn)
+                if cutlass.const_expr(not self.dq_cols):
+                    turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first
+                if slot0 + m_t < mSem.shape[1]:
+                    tile_order.wait_turn(self._turn_ptr(mSem, hq_t, slot0 + m_t), turn)
+            cute.copy(tma_dq, tsdQ, tgdQ)
+            cute.arch.cp_async_bulk_commit_group()
 
     # --------------------------------------------------------------- main
     @cute.kernel
@@ -601,7 +650,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                                             m_min * bm + srow, slen_q, skind)
                 self._wg_sync(cwg)
                 cute.arch.mbarrier_wait(bar_kv, 0)
+                if cutlass.const_expr(not self.ordered):
+                    slot0, turn_a, turn_c = None, None, None    # the ordered form's (_dq_out's arguments)
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+                if cutlass.const_expr(self.early_sdp):
+                    # the previous tile's stage, query head and block and the column value staged after it
+                    sp = st.clone()
+                    p_hq, p_m, p_stat = Int32(0), Int32(0), Float32(0.0)
                 for it in cutlass.range(n_iter, unroll=1):
                     hq = hkv * qhead_per_kv + it // nm
                     m = m_min + it % nm
@@ -624,10 +679,23 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     need_mask = need_mask or (i0 + bm > slen_q)
 
                     pipe.consumer_wait(st)
+                    if cutlass.const_expr(self.early_sdp):
+                        # the previous tile's dQ to shared memory, this tile's [S^T], [dP^T], then the rest of the
+                        # previous tile's dQ epilogue under them (the dQ registers are read before the issue: ptxas
+                        # puts a wgmma wait before a read of wgmma-defined registers that follows it, C7517)
+                        if it > 0:
+                            cute.autovec_copy(acc_dQ, tQsdQ[0])
+                        self._sdp_issue(mma_sdp, mma_sdp_z, acc_S, acc_dP, tSrK, tSrQ, tPrV, tPrdO, st.index)
+                        if it > 0:
+                            if cutlass.const_expr(self.dq_cols and not ds2):
+                                self._pair_sync()  # both warpgroups' dQ MMAs are done with the last dS tile
+                            pipe.consumer_release(sp)
+                            self._dq_out(it - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
+                                         tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                     self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
                                    tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
                                    slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,
-                                   tPsdS_c)
+                                   tPsdS_c, self.early_sdp)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
@@ -656,8 +724,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                                                         prev))
                     # dQ chunk 0 done (the last group; dV / dK went ahead of it)
                     wg.wait_group(0)
-                    # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile
-                    cute.autovec_copy(acc_dQ, tQsdQ[0])
+                    # dQ_w chunks -> smem (fp32), then one bulk reduce-add of the whole tile (EARLY_SDP: at the top of
+                    # the next tile, or after the loop)
+                    if cutlass.const_expr(not self.early_sdp):
+                        cute.autovec_copy(acc_dQ, tQsdQ[0])
                     for h in cutlass.range_constexpr(1, nsplit):
                         wg.fence()
                         for kb in cutlass.range_constexpr(cute.size(tQrdS_c, mode=[2])):
@@ -667,40 +737,26 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         wg.wait_group(0)
                         cute.autovec_copy(acc_dQ, tQsdQ[h])
                     wg.wait_group(0)
-                    if cutlass.const_expr(self.dq_cols and not ds2):
-                        self._pair_sync()  # both warpgroups' dQ MMAs are done with this dS tile
-                    pipe.consumer_release(st)
-                    st.advance()
+                    if cutlass.const_expr(self.early_sdp):
+                        sp = st.clone()     # tile it's stage, released at the top of the next tile
+                        p_hq, p_m, p_stat = hq, m, nxt_stat
+                        st.advance()
+                    else:
+                        if cutlass.const_expr(self.dq_cols and not ds2):
+                            self._pair_sync()  # both warpgroups' dQ MMAs are done with this dS tile
+                        pipe.consumer_release(st)
+                        st.advance()
+                        self._dq_out(it, hq, m, nxt_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb, tma_dq,
+                                     sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
 
-                    sStat[srow, skind, (it + 1) % 2, cwg] = nxt_stat   # read after the barrier below
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    self._wg_sync(cwg)
-                    if wwarp == 0:
-                        if cutlass.const_expr(self.dq_cols):
-                            gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]),
-                                                    (bm, D // 2), (m, cwg))
-                        else:
-                            gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq, bb]),
-                                                    (bm, D), (m, 0))
-                        tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
-                        if cutlass.const_expr(self.ordered):
-                            if cutlass.const_expr(self.TURN_PASS == 0):
-                                if it > 0:
-                                    # the previous tile's reduce has fully completed (not only read its source):
-                                    # its turn passes to the next writer of that dQ tile
-                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                    prev = slot0 + m_min + (it - 1) % nm
-                                    if prev < mSem.shape[1]:
-                                        tile_order.pass_turn(self._turn_ptr(
-                                            mSem, hkv * qhead_per_kv + (it - 1) // nm, prev))
-                            turn = 2 * cutlass.min(turn_a, (m * bm + turn_c) // bn)
-                            if cutlass.const_expr(not self.dq_cols):
-                                turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first
-                            if slot0 + m < mSem.shape[1]:
-                                tile_order.wait_turn(self._turn_ptr(mSem, hq, slot0 + m), turn)
-                        cute.copy(tma_dq, tsdQ, tgdQ)
-                        cute.arch.cp_async_bulk_commit_group()
-
+                if cutlass.const_expr(self.early_sdp):
+                    if n_iter > 0:
+                        cute.autovec_copy(acc_dQ, tQsdQ[0])
+                        if cutlass.const_expr(self.dq_cols and not ds2):
+                            self._pair_sync()
+                        pipe.consumer_release(sp)
+                        self._dq_out(n_iter - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
+                                     tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                 if wwarp == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cutlass.const_expr(self.ordered):

@@ -41,6 +41,12 @@ KERNELS = {
                        "m.compile_variant('bfloat16', 64, False, False, fast=2); "
                        "K.STAGES = 2; K.DS_STAGES = None; K.TURN_PASS = 0; K.ORDERED_DQ_COLS_DIMS = (128,); "
                        "m.compile_variant('float16', 64, True, True, ordered=True)",
+    # the previous tile's dQ epilogue under this tile's S^T / dP^T (EARLY_SDP_DIMS): modes 1 and 2, ordered
+    "flash_bwd_early": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
+                       "import FlashBwdSm90Fast as K; K.EARLY_SDP_DIMS = (64, 96, 128); "
+                       "m.compile_variant('bfloat16', 64, False, False, fast=2); "
+                       "m.compile_variant('bfloat16', 128, True, False, fast=2); "
+                       "m.compile_variant('float16', 64, True, True, ordered=True)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "
