@@ -77,6 +77,16 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
   - TURN_PASS = 1 (ordered form, the default): a warpgroup waits for its previous reduce and passes that turn
     under the current tile's dQ wgmmas instead of at the current tile's reduce, so the next writer waits less.
   - STAGES: the (Q, dO) ring's depth (2; 3 fits too).
+  - EARLY_SDP_DIMS / ORDERED_EARLY_SDP_DIMS = () / (64, 96, 128): at these head dims (one dQ chunk) a tile issues its
+    [S^T], [dP^T] first and runs the previous tile's dQ epilogue under them (release of its stage, its column stat,
+    the warpgroup barrier, the bulk reduce and, ordered, the wait for its turn; its dQ registers go to shared memory
+    just before the issue: ptxas puts a wgmma wait before a read of wgmma-defined registers that follows an issue in
+    the loop, C7517), the last tile's after the loop. No wgmma is in flight across the loop's back edge: issuing the
+    next tile's S^T / dP^T at the end of a tile made ptxas serialize every wgmma (C7514). ptxas with it: spills D 128
+    mode 2 60 -> 12 B, ordered 88 -> 0. H100 2026-12-07 10:10 (perf/flash_early_2026-12-07T1010_h100.txt, same run,
+    TFLOP/s): ordered D 64 244 -> 255 / causal 235 -> 242, D 96 226 -> 252 / 271 -> 282, D 128 360 -> 403 / 341 -> 378
+    (the turn waits now under the wgmmas); the default form D 64 332 -> 349 but causal 339 -> 323, D 96 403 -> 300,
+    D 128 505 -> 470 (its stage is released a tile's S^T / dP^T later, so the 2-deep ring may run dry: not adopted).
   - STAT_AHEAD_DIMS = (128,): at these head dims a tile's column log2-LSE / Delta go from shared memory to registers
     before the wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B,
     ordered 68 -> 88 B, D 64 / 96 none). H100 2026-12-07 09:30 (perf/device_2026-12-07T0930_h100.txt, same run):
@@ -147,10 +157,14 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # 09:30 (B2 H16 S8K): D 128 1.027x / causal 1.028x, ordered 1.008x / 1.010x; D 64 1.015x / causal 0.974x
     STAT_AHEAD_DIMS = (128,)
     # head dims whose tiles issue [S^T], [dP^T] first and run the previous tile's dQ epilogue (dQ to shared memory,
-    # stage release, column stat, barrier, bulk reduce) under them, instead of after its dQ wgmma; one dQ chunk only
-    # (nsplit 1). Trial knob (CPU only so far). No wgmma stays in flight across the loop's back edge (ptxas serializes
-    # a kernel whose [S^T], [dP^T] for the next tile are issued before the back edge: C7514, 2026-12-07 CPU)
+    # stage release, column stat, barrier, bulk reduce; in the ordered form the wait for its turn) under them, instead
+    # of after its dQ wgmma; one dQ chunk only (nsplit 1). No wgmma stays in flight across the loop's back edge (ptxas
+    # serializes a kernel whose [S^T], [dP^T] for the next tile are issued before the back edge: C7514). H100
+    # 2026-12-07 10:10 (B2 H16 S8K, same run): ordered D 64 1.043x / causal 1.026x, D 96 1.115x / 1.040x, D 128
+    # 1.120x / 1.108x; the default form D 64 1.049x / causal 0.955x, D 96 0.745x / 0.753x, D 128 0.931x / 0.947x.
+    # So: the ordered form at D 64 / 96 / 128, the default form nowhere.
     EARLY_SDP_DIMS = ()
+    ORDERED_EARLY_SDP_DIMS = (64, 96, 128)
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -187,7 +201,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
-        self.early_sdp = head_dim in _dims(self.EARLY_SDP_DIMS) and self.nsplit == 1
+        early_dims = _dims(self.ORDERED_EARLY_SDP_DIMS if self.ordered else self.EARLY_SDP_DIMS)
+        self.early_sdp = head_dim in early_dims and self.nsplit == 1
         # S^T reuses the (bm, bnw) S tile's partitions and P's operand view with rows and columns swapped
         assert self.bm == self.bnw, "S^T = K_w Q^T needs square S tiles (bm == bnw)"
         if self.smem_bytes() > self.SMEM_LIMIT:

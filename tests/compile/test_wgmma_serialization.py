@@ -33,15 +33,17 @@ KERNELS = {
                          "ordered=True); m.compile_variant('float16', 64, True, True, ordered=True)",
     # the knobs' other settings (bench/ab_flash_bwd.py): a 3-deep ring with dS double-buffered in mode 2, mode 2 at
     # D 64 outside the ordered form, the column stats read ahead at D 64 (and read where used at D 128), the ordered
-    # form's first turn pass, its mode 1 at D 64
+    # form's first turn pass, its mode 1 at D 64, its tiles without the early S^T / dP^T
     "flash_bwd_knobs": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
                        "import FlashBwdSm90Fast as K; K.STAGES = 3; K.DS_STAGES = 2; K.DQ_COLS_DIMS = (64, 128); "
                        "K.STAT_AHEAD_DIMS = (64, 96); "
                        "m.compile_variant('bfloat16', 128, True, False, fast=2); "
                        "m.compile_variant('bfloat16', 64, False, False, fast=2); "
                        "K.STAGES = 2; K.DS_STAGES = None; K.TURN_PASS = 0; K.ORDERED_DQ_COLS_DIMS = (128,); "
+                       "K.ORDERED_EARLY_SDP_DIMS = 0; "
                        "m.compile_variant('float16', 64, True, True, ordered=True)",
-    # the previous tile's dQ epilogue under this tile's S^T / dP^T (EARLY_SDP_DIMS): modes 1 and 2, ordered
+    # the previous tile's dQ epilogue under this tile's S^T / dP^T (EARLY_SDP_DIMS; the ordered form's default):
+    # modes 1 and 2, ordered
     "flash_bwd_early": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
                        "import FlashBwdSm90Fast as K; K.EARLY_SDP_DIMS = (64, 96, 128); "
                        "m.compile_variant('bfloat16', 64, False, False, fast=2); "
