@@ -165,6 +165,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # So: the ordered form at D 64 / 96 / 128, the default form nowhere.
     EARLY_SDP_DIMS = ()
     ORDERED_EARLY_SDP_DIMS = (64, 96, 128)
+    # with early_sdp: 1 releases a tile's (Q, dO) stage at its end (its wgmmas retired), 0 with the rest of its dQ
+    # epilogue under the next tile's S^T / dP^T (the producer then has a tile less of lead: at D 96 the 2-deep ring
+    # ran dry in the default form, 0.75x, level with STAGES = 3). Trial knob (CPU only so far)
+    EARLY_RELEASE = 0
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -704,7 +708,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         if it > 0:
                             if cutlass.const_expr(self.dq_cols and not ds2):
                                 self._pair_sync()  # both warpgroups' dQ MMAs are done with the last dS tile
-                            pipe.consumer_release(sp)
+                            if cutlass.const_expr(self.EARLY_RELEASE == 0):
+                                pipe.consumer_release(sp)
                             self._dq_out(it - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
                                          tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                     self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
@@ -753,7 +758,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         cute.autovec_copy(acc_dQ, tQsdQ[h])
                     wg.wait_group(0)
                     if cutlass.const_expr(self.early_sdp):
-                        sp = st.clone()     # tile it's stage, released at the top of the next tile
+                        if cutlass.const_expr(self.EARLY_RELEASE == 1):
+                            pipe.consumer_release(st)   # its wgmmas are retired: the producer may refill it now
+                        sp = st.clone()     # tile it's stage, else released at the top of the next tile
                         p_hq, p_m, p_stat = hq, m, nxt_stat
                         st.advance()
                     else:
@@ -769,7 +776,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         cute.autovec_copy(acc_dQ, tQsdQ[0])
                         if cutlass.const_expr(self.dq_cols and not ds2):
                             self._pair_sync()
-                        pipe.consumer_release(sp)
+                        if cutlass.const_expr(self.EARLY_RELEASE == 0):
+                            pipe.consumer_release(sp)
                         self._dq_out(n_iter - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
                                      tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                 if wwarp == 0:

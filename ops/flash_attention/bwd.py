@@ -53,7 +53,10 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 #      perf/device_2026-12-07T0735_h100.txt): D 128 ordered 358 / 333 against recompute 301 / 280; D 64 ordered
 #      244 / 234 against 235 / 214 (the ordered form's column-split dQ at D 64 since that day; on the H200 of
 #      2026-12-05 mode 1 gave 171 / 198); D 96 ordered (mode 1) 225 / 271 against 279 / 263. So ordered at D 64 and
-#      128, recompute at D 96. Both kernels pass the GPU suite and the sanitizers there.
+#      128, recompute at D 96. Both kernels pass the GPU suite and the sanitizers there. Since the ordered form runs
+#      a tile's dQ epilogue and turn wait under the next tile's S^T / dP^T (ORDERED_EARLY_SDP_DIMS, H100 2026-12-07
+#      10:24, perf/flash_early_2026-12-07T1022_h100.txt): ordered D 128 403 / 370, D 64 253 / 241, D 96 251 / 279
+#      (recompute at D 96 279 / 263 at 07:40, not rerun in that call), so D 96 stays on recompute.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
 DET_KERNELS = ("auto", "recompute", "ordered")
 AUTO_ORDERED_DIMS = (64, 128)
