@@ -167,7 +167,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     ORDERED_EARLY_SDP_DIMS = (64, 96, 128)
     # with early_sdp: 1 releases a tile's (Q, dO) stage at its end (its wgmmas retired), 0 with the rest of its dQ
     # epilogue under the next tile's S^T / dP^T (the producer then has a tile less of lead: at D 96 the 2-deep ring
-    # ran dry in the default form, 0.75x, level with STAGES = 3). Trial knob (CPU only so far)
+    # ran dry in the default form, 0.75x, level with STAGES = 3). H100 2026-12-07 10:30 (both forms early, against the
+    # defaults; perf/flash_early_release_2026-12-07T1030_h100.txt): the default form D 96 0.98x / 0.995x (no longer
+    # dry, no gain), D 128 0.93x / 0.96x, D 64 1.04x / 0.95x; the ordered form D 96 1.06x / 1.05x, D 64 0.98x / 1.00x,
+    # D 128 1.01x / 0.99x. Not adopted (the ordered D 96 is not `auto`'s kernel). test_flash_bwd -k "fast2 or ordered"
+    # 86 passed and racecheck clean with it (memcheck not run: no device time left)
     EARLY_RELEASE = 0
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES

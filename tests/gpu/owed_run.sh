@@ -12,14 +12,16 @@
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
-# Last runs: 2026-12-07 09:30 on one H100 (no kind named; no H200 came): the STAT_AHEAD trial (STEPS=flash_trial), then
-# on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on 8f5519d (the column stats
-# read ahead at D 128, the default): test_flash_bwd and sanitize_bwd (run_suite), bench/ab_flash_bwd.py against
-# STAT_AHEAD_DIMS=0, then issue 12's FA4 tables (STEPS=flash_bench, FA4's wheels in .device/whl and the flash entries of
-# the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention opscommon; the whole
-# store, the DSL and FA4 do not fit in 64 MiB together). Owed next:
+# Last runs: 2026-12-07 09:30-10:32, five calls on one H100 (no kind named; no H200 came): 09:30 the STAT_AHEAD trial
+# (STEPS=flash_trial), then on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on
+# 8f5519d test_flash_bwd, sanitize_bwd and issue 12's FA4 tables (STEPS=flash_bench, FA4's wheels in .device/whl and the
+# flash entries of the store only: tests/gpu/store_subset.py STORE .device/kernel_store.tar.xz opsflash_attention
+# opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together); 10:10 the EARLY_SDP trial
+# (FLASH_AB_KNOBS=EARLY_SDP_DIMS=64:96:128 FLASH_AB_DIMS="64 96 128" STEPS=flash_trial); 10:24 on e2b6916 (the ordered
+# form's early S^T / dP^T the default: the final kernels) test_flash_bwd and sanitize_bwd, the deterministic table;
+# 10:30 the EARLY_RELEASE trial (cut before its memcheck: no device time left). Owed next:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560;
-#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46).
+#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46 and 10:24).
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
