@@ -63,9 +63,10 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     block nb + 1 reaches a shared query block two tiles before nb does, so the diagonal CTAs rarely wait at all.
     tests/compile/test_flash_bwd_ordered.py checks the turn rule and deadlock freedom on a model of the schedule
     (one resident CTA at a time included).
-  Speed (H100 2026-12-07, B2 H16 S8K bf16, TFLOP/s non-causal / causal): D 128 358 / 333 (the recompute kernel
-  301 / 280), D 64 244 / 234 (235 / 214), D 96 (mode 1) 225 / 271 (279 / 263): bwd.py's "auto" takes this form at
-  D 64 and 128.
+  Speed (H100 2026-12-07 10:24, B2 H16 S8K bf16, TFLOP/s non-causal / causal, with its tiles' dQ epilogue and turn
+  wait under the next tile's S^T / dP^T, ORDERED_EARLY_SDP_DIMS): D 128 403 / 370 (the recompute kernel 302 / 277; the
+  default form 507 / 458: 0.80x / 0.81x), D 64 253 / 241 (236 / 217; 0.76x / 0.71x), D 96 (mode 1) 251 / 279
+  (recompute 279 / 263 at 07:40): bwd.py's "auto" takes this form at D 64 and 128.
 
 Knobs (class attributes; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in
 tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
