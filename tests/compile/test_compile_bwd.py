@@ -43,3 +43,20 @@ def test_ordered_modes(varlen):
     for d in (64, 96, 128):
         bwd.compile_variant("bfloat16", d, varlen, True, ordered=True)
         assert ("bfloat16", d, varlen, True, 1 if d == 96 else 2, True) in bwd._CACHE
+
+
+def test_fast_schedule_knobs_per_form():
+    """The measured per-form choices (H100 2026-12-07, docs/performance.md): the ordered form runs a tile's dQ
+    epilogue under the next tile's S^T / dP^T at D 64 / 96 / 128, the default form does not; the column stats are read
+    ahead at D 128 only; every variant with the early S^T / dP^T has one dQ chunk."""
+    import cutlass
+    from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast
+    for d in (64, 96, 128):
+        for ordered in (False, True):
+            for dq_cols in (False, True):
+                k = FlashBwdSm90Fast(cutlass.BFloat16, d, False, dq_cols, ordered)
+                assert k.early_sdp == (ordered and k.nsplit == 1), (d, ordered, dq_cols)
+                assert k.stat_ahead == (d == 128), (d, ordered, dq_cols)
+        # the ordered variants the seam compiles (mode 2 where ORDERED_DQ_COLS_DIMS says) all take it
+        k = FlashBwdSm90Fast(cutlass.BFloat16, d, False, d in FlashBwdSm90Fast.dq_cols_dims(True), True)
+        assert k.early_sdp and k.nsplit == 1, d
