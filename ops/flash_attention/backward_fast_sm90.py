@@ -88,6 +88,12 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     TFLOP/s): ordered D 64 244 -> 255 / causal 235 -> 242, D 96 226 -> 252 / 271 -> 282, D 128 360 -> 403 / 341 -> 378
     (the turn waits now under the wgmmas); the default form D 64 332 -> 349 but causal 339 -> 323, D 96 403 -> 300,
     D 128 505 -> 470 (its stage is released a tile's S^T / dP^T later, so the 2-deep ring may run dry: not adopted).
+  - EARLY_RELEASE = 0 (trial): 1 releases a tile's (Q, dO) stage at its end (its wgmmas retired) rather than with the
+    rest of its dQ epilogue under the next tile's S^T / dP^T. H100 10:30 (perf/flash_early_release_2026-12-07T1030_h100.txt,
+    both forms early, against the defaults): the default form D 96 0.98x / 0.995x (its ring no longer runs dry, but no
+    gain), D 128 0.93x / 0.96x, D 64 1.04x / 0.95x; the ordered form D 96 1.06x / 1.05x, D 64 0.98x / 1.00x, D 128
+    1.01x / 0.99x. Not adopted; test_flash_bwd -k "fast2 or ordered" 86 passed and racecheck clean with it (memcheck
+    not run: the device time ran out).
   - STAT_AHEAD_DIMS = (128,): at these head dims a tile's column log2-LSE / Delta go from shared memory to registers
     before the wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B,
     ordered 68 -> 88 B, D 64 / 96 none). H100 2026-12-07 09:30 (perf/device_2026-12-07T0930_h100.txt, same run):
@@ -152,28 +158,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     DS_STAGES = None
     DQ_COLS_DIMS = (128,)            # head dims that take the column-split dQ (mode 2) when asked
     ORDERED_DQ_COLS_DIMS = (64, 128)  # the same for the ordered form (one turn for both warpgroups halves its chain)
-    # head dims whose tiles read the column log2-LSE / Delta from shared memory into registers before the wgmma waits
-    # that precede their use (ncu, H100 2026-12-07: the LDS.64 of the stats right before their first FFMA / FADD held
-    # ~10 % of the stall samples at D 128, short scoreboard); other dims read them where used. H100 trial 2026-12-07
-    # 09:30 (B2 H16 S8K): D 128 1.027x / causal 1.028x, ordered 1.008x / 1.010x; D 64 1.015x / causal 0.974x
-    STAT_AHEAD_DIMS = (128,)
-    # head dims whose tiles issue [S^T], [dP^T] first and run the previous tile's dQ epilogue (dQ to shared memory,
-    # stage release, column stat, barrier, bulk reduce; in the ordered form the wait for its turn) under them, instead
-    # of after its dQ wgmma; one dQ chunk only (nsplit 1). No wgmma stays in flight across the loop's back edge (ptxas
-    # serializes a kernel whose [S^T], [dP^T] for the next tile are issued before the back edge: C7514). H100
-    # 2026-12-07 10:10 (B2 H16 S8K, same run): ordered D 64 1.043x / causal 1.026x, D 96 1.115x / 1.040x, D 128
-    # 1.120x / 1.108x; the default form D 64 1.049x / causal 0.955x, D 96 0.745x / 0.753x, D 128 0.931x / 0.947x.
-    # So: the ordered form at D 64 / 96 / 128, the default form nowhere.
-    EARLY_SDP_DIMS = ()
-    ORDERED_EARLY_SDP_DIMS = (64, 96, 128)
-    # with early_sdp: 1 releases a tile's (Q, dO) stage at its end (its wgmmas retired), 0 with the rest of its dQ
-    # epilogue under the next tile's S^T / dP^T (the producer then has a tile less of lead: at D 96 the 2-deep ring
-    # ran dry in the default form, 0.75x, level with STAGES = 3). H100 2026-12-07 10:30 (both forms early, against the
-    # defaults; perf/flash_early_release_2026-12-07T1030_h100.txt): the default form D 96 0.98x / 0.995x (no longer
-    # dry, no gain), D 128 0.93x / 0.96x, D 64 1.04x / 0.95x; the ordered form D 96 1.06x / 1.05x, D 64 0.98x / 1.00x,
-    # D 128 1.01x / 0.99x. Not adopted (the ordered D 96 is not `auto`'s kernel). test_flash_bwd -k "fast2 or ordered"
-    # 86 passed and racecheck clean with it (memcheck not run: no device time left)
-    EARLY_RELEASE = 0
+    # the schedule knobs below: what each does and its H100 figures are in the module docstring ("Knobs")
+    STAT_AHEAD_DIMS = (128,)                # column log2-LSE / Delta into registers before the wgmma waits
+    EARLY_SDP_DIMS = ()                     # a tile's S^T / dP^T under the previous tile's dQ epilogue: default form
+    ORDERED_EARLY_SDP_DIMS = (64, 96, 128)  # the same, ordered form (its turn waits under the wgmmas)
+    EARLY_RELEASE = 0                       # with those: 1 releases a tile's stage at its end (trial knob)
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
