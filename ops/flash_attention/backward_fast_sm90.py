@@ -65,7 +65,7 @@ per-CTA register sums, deterministic already, and bitwise equal to the non-deter
     (one resident CTA at a time included).
   Speed (H100 2026-12-07 10:24, B2 H16 S8K bf16, TFLOP/s non-causal / causal, with its tiles' dQ epilogue and turn
   wait under the next tile's S^T / dP^T, ORDERED_EARLY_SDP_DIMS): D 128 403 / 370 (the recompute kernel 302 / 277; the
-  default form 507 / 458: 0.80x / 0.81x), D 64 253 / 241 (236 / 217; 0.76x / 0.71x), D 96 (mode 1) 251 / 279
+  default form 507 / 458: 0.796x / 0.809x), D 64 253 / 241 (236 / 217; 0.76x / 0.71x), D 96 (mode 1) 251 / 279
   (recompute 279 / 263 at 07:40): bwd.py's "auto" takes this form at D 64 and 128.
 
 Knobs (class attributes; timed by bench/ab_flash_bwd.py --knobs, tested with FLASH_BWD_KNOBS in
