@@ -78,42 +78,29 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
   - TURN_PASS = 1 (ordered form, the default): a warpgroup waits for its previous reduce and passes that turn
     under the current tile's dQ wgmmas instead of at the current tile's reduce, so the next writer waits less.
   - STAGES: the (Q, dO) ring's depth (2; 3 fits too).
+  - STAT_AHEAD_DIMS = (128,): a tile's column log2-LSE / Delta go from shared memory to registers before the wgmma
+    waits that precede their use, not right before it. H100 2026-12-07 09:30: D 128 1.03x, ordered 1.01x; D 64
+    causal 0.97x, so D 64 / 96 read them where used.
   - EARLY_SDP_DIMS / ORDERED_EARLY_SDP_DIMS = () / (64, 96, 128): at these head dims (one dQ chunk) a tile issues its
     [S^T], [dP^T] first and runs the previous tile's dQ epilogue under them (release of its stage, its column stat,
-    the warpgroup barrier, the bulk reduce and, ordered, the wait for its turn; its dQ registers go to shared memory
-    just before the issue: ptxas puts a wgmma wait before a read of wgmma-defined registers that follows an issue in
-    the loop, C7517), the last tile's after the loop. No wgmma is in flight across the loop's back edge: issuing the
-    next tile's S^T / dP^T at the end of a tile made ptxas serialize every wgmma (C7514). ptxas with it: spills D 128
-    mode 2 60 -> 12 B, ordered 88 -> 0. H100 2026-12-07 10:10 (perf/flash_early_2026-12-07T1010_h100.txt, same run,
-    TFLOP/s): ordered D 64 244 -> 255 / causal 235 -> 242, D 96 226 -> 252 / 271 -> 282, D 128 360 -> 403 / 341 -> 378
-    (the turn waits now under the wgmmas); the default form D 64 332 -> 349 but causal 339 -> 323, D 96 403 -> 300,
-    D 128 505 -> 470 (its stage is released a tile's S^T / dP^T later, so the 2-deep ring may run dry: not adopted).
-  - EARLY_RELEASE = 0 (trial): 1 releases a tile's (Q, dO) stage at its end (its wgmmas retired) rather than with the
-    rest of its dQ epilogue under the next tile's S^T / dP^T. H100 10:30 (perf/flash_early_release_2026-12-07T1030_h100.txt,
-    both forms early, against the defaults): the default form D 96 0.98x / 0.995x (its ring no longer runs dry, but no
-    gain), D 128 0.93x / 0.96x, D 64 1.04x / 0.95x; the ordered form D 96 1.06x / 1.05x, D 64 0.98x / 1.00x, D 128
-    1.01x / 0.99x. Not adopted; test_flash_bwd -k "fast2 or ordered" 86 passed and racecheck clean with it (memcheck
-    not run: the device time ran out).
-  - STAT_AHEAD_DIMS = (128,): at these head dims a tile's column log2-LSE / Delta go from shared memory to registers
-    before the wgmma waits that precede their use, not right before it (ptxas: D 128 mode 2 spills 24 -> 60 B,
-    ordered 68 -> 88 B, D 64 / 96 none). H100 2026-12-07 09:30 (perf/device_2026-12-07T0930_h100.txt, same run):
-    D 128 489 -> 502 / causal 447 -> 459 TFLOP/s, ordered 358 -> 360 / 338 -> 342; D 64 330 -> 335 but causal
-    336 -> 328 (so D 64 reads them where used); test_flash_bwd -k "fast2 or ordered" (86) and sanitize_bwd clean with
-    it at D 64 and 128.
+    the warpgroup barrier, the bulk reduce and, ordered, the wait for its turn); the last tile's after the loop. The
+    previous tile's dQ registers go to shared memory just before the issue (read after it, ptxas puts a wgmma wait
+    there, C7517), and no wgmma is in flight across the loop's back edge (issuing the next tile's S^T / dP^T at the
+    end of a tile made ptxas serialize every wgmma, C7514). H100 2026-12-07 10:10: the ordered form 1.03-1.12x (its
+    turn waits now under the wgmmas); the default form 0.75-1.05x (its stage is released a tile's S^T / dP^T later,
+    and the 2-deep ring runs dry at D 96), so there it is off.
+  - EARLY_RELEASE = 0 (trial): with early_sdp, 1 releases a tile's stage at its end instead. H100 10:30: the default
+    form no longer runs dry at D 96 but gains nothing (D 128 0.93x); ordered D 96 1.06x, the rest within 2 %.
+  The tables of these trials: docs/performance.md, 2026-12-07.
 
-Status (2026-12-07): the swapped S / dP is the one form since the H100 trial of that day
-(perf/device_2026-12-07T0720_h100.txt, B2 H16 S8K bf16, TFLOP/s against the earlier form, which computed S = Q K_w^T
-and stored P to shared memory for an SS dV; dK / dV bitwise equal): D 64 314 -> 333 / causal 291 -> 339, D 128
-462 -> 490 / 426 -> 450; the ordered form with its knobs above D 64 176 -> 243 / 204 -> 237, D 128 325 -> 361 /
-319 -> 341. On the final kernels (H100 07:34, perf/device_2026-12-07T0735_h100.txt) the whole GPU suite
-(test_flash_bwd 238 passed) and sanitize_bwd (racecheck 0 hazards, memcheck 0 errors) passed. The earlier form and
-its knobs (P by element pairs, 1.03x slower; S and dP as two groups) were deleted after that run: the kept kernels'
-PTX is byte-identical before and after the deletion (bf16 / fp16, D 64 / 96 / 128, dense / varlen, modes 1 and 2,
-ordered; compiled on the CPU). ptxas: 168 registers at launch, consumers raised to 240 by setmaxnreg; spills D 128
-mode 2 24 B, ordered 68 B, D 64 / 96 none; no wgmma serialization (tests/compile/test_wgmma_serialization.py).
-The column stats read ahead at D 128 (STAT_AHEAD_DIMS, 8f5519d): H100 2026-12-07 09:44 (perf/flash_fa4_2026-12-07T0944_h100.txt)
-test_flash_bwd 238 passed, sanitize_bwd racecheck 0 hazards, memcheck 0 errors; D 128 500 / 452 TFLOP/s (ordered
-360 / 342) against 489 / 442 (356 / 339) read where used, same call; spills D 128 mode 2 60 B, ordered 88 B.
+Status (2026-12-07, H100; no H200 has run this kernel since 2026-12-06): the swapped S / dP is the one form since the
+trial of 07:20 (the earlier form, S = Q K_w^T with P stored for an SS dV, was deleted: 1.06-1.17x slower; PTX of the
+kept kernels byte-identical before and after). The final defaults (e2b6916: the column stats ahead at D 128, the
+ordered form's early S^T / dP^T) at 10:24 (perf/flash_early_2026-12-07T1022_h100.txt): test_flash_bwd 238 passed,
+sanitize_bwd racecheck 0 hazards, memcheck 0 errors; B2 H16 S8K bf16 TFLOP/s non-causal / causal: D 128 507 / 458
+(ordered 403 / 370), D 64 333 / 338 (ordered 253 / 241). ptxas: 168 registers at launch, consumers raised to 240 by
+setmaxnreg; spills D 128 mode 2 60 B, ordered none, D 64 / 96 none; no wgmma serialization
+(tests/compile/test_wgmma_serialization.py).
 """
 import cutlass
 import cutlass.cute as cute
