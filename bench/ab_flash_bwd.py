@@ -9,8 +9,10 @@ Knob sets timed so far (docs/performance.md): P_STMATRIX=0 (element-pair P / dS 
 the keys as MMA rows, 1.06-1.17x, made the one form with the ordered form's DQ_COLS_DIMS 64, TURN_PASS 1, DS_STAGES 2;
 P_STMATRIX, SPLIT_SDP and SWAP_SDP went with the earlier form); STAGES=3 and DQ_COLS_DIMS=64:128 again (08:14: within
 1 %, 0.93x on some rows); STAT_AHEAD=1 (09:30: the column stats read into registers before the wgmma waits, D 128
-1.03x, D 64 causal 0.97x: made the default at D 128 as STAT_AHEAD_DIMS). Knobs left: DQ_COLS_DIMS, ORDERED_DQ_COLS_DIMS,
-DS_STAGES, TURN_PASS, STAGES, STAT_AHEAD_DIMS (the default set, STAT_AHEAD_DIMS=0, is the stats read where used).
+1.03x, D 64 causal 0.97x: made the default at D 128 as STAT_AHEAD_DIMS). EARLY_SDP_DIMS=64:96:128 (10:10: the ordered form
+1.03-1.12x, made its default as ORDERED_EARLY_SDP_DIMS; the default form 0.75-1.05x) and EARLY_RELEASE=1 (10:30, not
+adopted). Knobs left: DQ_COLS_DIMS, ORDERED_DQ_COLS_DIMS, DS_STAGES, TURN_PASS, STAGES, STAT_AHEAD_DIMS, EARLY_SDP_DIMS,
+ORDERED_EARLY_SDP_DIMS, EARLY_RELEASE (the default set, STAT_AHEAD_DIMS=0, is the stats read where used).
 
 Run:  python bench/ab_flash_bwd.py [--iters N] [--dims 128 96 64] [--knobs DQ_COLS_DIMS=64:128 TURN_PASS=1 ...]
 """
