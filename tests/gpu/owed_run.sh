@@ -3,8 +3,7 @@
 # command may run, default 560; pass the call's limit less the prelude's time):
 #   source .device/prelude.sh && source .device/extra/unpack.sh >/dev/null && export OUT &&
 #     BUDGET=560 bash tests/gpu/owed_run.sh
-# STEPS (default all) picks steps by id: fwd_ab (FWD_AB_KNOBS: bench/ab_flash_fwd.py) tests sanitize fwd_trial
-# (FWD_TRIALS: test_flash_fwd and sanitize_fwd under FLASH_FWD_KNOBS sets) sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
+# STEPS (default all) picks steps by id: tests sanitize sweep lean ab_attn bwd_shapes ncu_rec ncu_bwd ncu_topk
 # topk_trial (AB_TOPK_KNOBS, TOPK_TRIALS, TOPK_SAN_EXTRA) topk_sweep (top-k launch shapes and stages with the causal
 # lengths) knob_san (sanitize_dsa_sparse_attn.py with SANITIZE_KNOBS=LAG=2) bench_rows benches; and changed
 # (CHANGED_TESTS / CHANGED_SANITIZE: the changed kernels' test files and sanitizers); flash_bench (issue 12's tables
@@ -59,10 +58,6 @@ if { { [ "$STEPS" = all ] && [ "$(left)" -lt "$FULL_NEED" ]; } || { [ "$STEPS" !
     timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/changed.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/changed.log"
 fi
-if step "flash forward knob A/B" 80 fwd_ab; then
-  timeout $(($(left) - 5)) python3 bench/ab_flash_fwd.py --knobs ${FWD_AB_KNOBS:-FOLD=0,TREE=1 TREE=1} 2>&1 \
-    | grep -v Warn | tee "$OUT/ab_fwd.txt"
-fi
 if step "tests" 170 tests; then
   RUN_JOBS=${TEST_JOBS:-4} timeout $(($(left) - 5)) bash $g/check_project.sh tests > "$OUT/tests.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/tests.log"
@@ -70,16 +65,6 @@ fi
 if step "sanitize" 110 sanitize; then
   RUN_JOBS=3 timeout $(($(left) - 5)) bash $g/check_project.sh sanitize > "$OUT/sanitize.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/sanitize.log"
-fi
-if step "flash forward knob trial" 70 fwd_trial; then
-  # test_flash_fwd and sanitize_fwd under each knob set of FWD_TRIALS (';' between sets), each while 70 s are left
-  IFS=';' read -ra sets <<< "${FWD_TRIALS:-}"
-  for ks in "${sets[@]}"; do
-    [ "$(left)" -ge 70 ] || { echo "fwd trial $ks skipped: $(left) s left"; continue; }
-    FLASH_FWD_KNOBS="$ks" GPU_TESTS="$g/test_flash_fwd.py" GPU_SANITIZE="$g/sanitize_fwd.py" PYTEST_TIMEOUT=150 \
-      SAN_TIMEOUT=60 timeout $(($(left) - 5)) bash $g/run_device.sh > "$OUT/fwd_trial.log" 2>&1
-    echo "FLASH_FWD_KNOBS=$ks:"; grep -E '^[A-Za-z0-9_:.-]+ +rc=' "$OUT/fwd_trial.log"
-  done
 fi
 if step "launch-shape sweep of the sparse indexer recompute" 90 sweep; then
   timeout $(($(left) - 5)) python3 bench/sparse_score_shapes.py > "$OUT/idx_ahead.txt" 2>&1
