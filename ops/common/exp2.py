@@ -27,28 +27,3 @@ def exp2_accurate(x: Float32) -> Float32:
     y = (p.bitcast(Int32) + (Int32(n) << 23)).bitcast(Float32)
     y = Float32(cutlass.select_(x < Float32(-126.0), Float32(0.0), y))
     return Float32(cutlass.select_(x == x, y, x))      # NaN in, NaN out
-
-
-# 2^f on f in [-1/2, 1/2], degree 4 (Lawson-weighted least squares on the relative error, p(0) = 1 exactly): max
-# relative error 2.9e-6, bias 3e-7 in a float32 Horner emulation (the hardware ex2.approx: ~2^-22). Cheap enough to
-# move part of a softmax's exponentials from the MUFU unit (16 a clock an SM) to the FMA pipe, where the MUFU unit is
-# the bottleneck (the flash forward at head_dim 64: as many MUFU cycles as tensor-core cycles a key block).
-_P4 = (0.6931242034891545, 0.24024098648795864, 0.055906337747292895, 0.009582820014919712)
-_ROUND = 12582912.0          # 1.5 * 2^23: x + _ROUND rounds x to an integer held in the low mantissa bits
-
-
-@cute.jit
-def exp2_poly4(x: Float32) -> Float32:
-    """2^x for x <= ~0 (a softmax exponent) on the FMA pipe: x = j + f with j = rint(x), f in [-1/2, 1/2],
-    2^x = p(f) * 2^j with 2^j built from j's bits ((j + 127) << 23, one integer multiply-add). x <= -127 (a masked
-    -inf included) gives exactly 0 (2^j = 0.0 at j = -127), as ex2.approx.ftz flushes there; NaN stays NaN (max.NaN).
-    Valid for x < 128 (the exponent field of 2^j); a softmax exponent is <= 0 up to rounding."""
-    xc = cute.arch.fmax(x, Float32(-127.0), nan=True)
-    t = xc + Float32(_ROUND)
-    f = xc - (t - Float32(_ROUND))
-    p = Float32(_P4[3])
-    for i in cutlass.range_constexpr(2, -1, -1):
-        p = p * f + Float32(_P4[i])
-    p = p * f + Float32(1.0)
-    two_j = (t.bitcast(Int32) * Int32(1 << 23) + Int32(0x3F800000)).bitcast(Float32)
-    return p * two_j

@@ -3,12 +3,11 @@
 Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_scale * log2(e)):
 
     S_ij = q_i . k_j                         fp32 wgmma accumulator (bf16/fp16 inputs, never pre-scaled)
-    S_ij masked to -inf where key j is invisible (ops.common.mask)
-    M_i  = max_j S_ij (running, monotonic),  P_ij = 2^(c S_ij - c M_i), one fma  (rounded to the input dtype for P V)
+    t_ij = c * S_ij, masked to -inf where key j is invisible (ops.common.mask)
+    m_i  = max_j t_ij (running, monotonic),  P_ij = 2^(t_ij - m_i)  (rounded to the input dtype for P V)
     l_i  = sum_j P_ij (fp32, unrounded),     O_i = sum_j P_ij v_j / l_i
-    lse_i = ln(2) * (c M_i + log2(l_i))      natural log; a row that sees no key: O_i = 0, lse_i = -inf
-(online form and the -inf guards: ops.common.softmax). That is for c > 0; a non-positive c scales the scores first
-(t = c S, then the mask, then the same with c = 1: ops.common.softmax.fold_scale; a branch uniform over the CTA).
+    lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
+(online form and the -inf guards: ops.common.softmax).
 
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
 MHA form, (192, 192), (256, 256)); out has Dv columns.
@@ -59,9 +58,8 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common import mask as mask_lib
-from ..common.softmax import (acc_mn_view, fold_scale, online_softmax_finalize, online_softmax_step,
-                              online_softmax_update, p_operand_view, prescale_scores, rescale_rows, scale_scores,
-                              softmax_state)
+from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_step, online_softmax_update,
+                              p_operand_view, rescale_rows, scale_scores, softmax_state)
 
 from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
@@ -91,17 +89,7 @@ def smem_bytes(head_dim, v_head_dim):
 
 
 class FlashFwdSm90:
-    """One compiled forward variant: (dtype, (head_dim, v_head_dim), bounded mask?, varlen?).
-
-    Knob (class attribute, read while tracing; bench/ab_flash_fwd.py times it): FOLD = True folds a positive softmax
-    scale into the softmax's exponent fma (ops/common/softmax.py); False scales every score first (the form before
-    2026-12-07), whatever the scale's sign."""
-
-    FOLD = True
-    # POLY_EXP of every 8 softmax exponentials of a thread's row run on the FMA pipe (ops.common.exp2.exp2_poly4)
-    # instead of the MUFU unit, at the head dims POLY_EXP_DIMS (an int or a tuple; 0: none)
-    POLY_EXP = 2
-    POLY_EXP_DIMS = ()
+    """One compiled forward variant: (dtype, (head_dim, v_head_dim), bounded mask?, varlen?)."""
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -125,8 +113,6 @@ class FlashFwdSm90:
         # so one warpgroup's softmax runs under the other's tensor-core work (passed the GPU tests; off by default)
         # (turns between exactly two consumer warpgroups: off for the 192-row tile, whatever PADDLE_DSA_FWD_PINGPONG)
         self.pingpong = pingpong and overlap and self.wgs == 2
-        dims = self.POLY_EXP_DIMS if isinstance(self.POLY_EXP_DIMS, (tuple, list)) else (int(self.POLY_EXP_DIMS),)
-        self.poly = int(self.POLY_EXP) if head_dim in dims else 0
 
     # ------------------------------------------------------------------------------------------ host (jit)
     @cute.jit
@@ -347,7 +333,6 @@ class FlashFwdSm90:
             qk_mma.set(warpgroup.Field.ACCUMULATE, False)
             qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             row_max, row_sum = softmax_state(2)
-            c_fold = fold_scale(scale_log2) if cutlass.const_expr(self.FOLD) else Float32(1.0)
             cute.arch.mbarrier_wait(q_bar, 0)
             if cutlass.const_expr(not self.overlap):
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -362,7 +347,7 @@ class FlashFwdSm90:
                     s_mn = acc_mn_view(acc_s)
                     self.prep_scores(s_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                      win_right)
-                    online_softmax_update(s_mn, o_mn, row_max, row_sum, c_fold, self.poly)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
                     tOrP = self.p_to_operand(acc_s)
                     pipe_v.consumer_wait(st)
                     warpgroup.fence()
@@ -392,7 +377,7 @@ class FlashFwdSm90:
                     s_mn = acc_mn_view(acc_s)
                     self.prep_scores(s_mn, c_mn, scale_log2, m_start, n_lo * BN, seqlen_q, seqlen_k, win_left,
                                      win_right)
-                    online_softmax_update(s_mn, o_mn, row_max, row_sum, c_fold, self.poly)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
                     rP = cute.make_rmem_tensor(acc_s.layout, dt)
                     rP.store(acc_s.load().to(dt))
                     tOrP = self.p_view(rP)
@@ -414,7 +399,7 @@ class FlashFwdSm90:
                         s2_mn = acc_mn_view(acc_s2)
                         self.prep_scores(s2_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                          win_right)
-                        online_softmax_step(s2_mn, row_max, row_sum, corr, c_fold, self.poly)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr)
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
@@ -434,7 +419,7 @@ class FlashFwdSm90:
 
             # ---------------- epilogue: O / l and lse, row-predicated direct stores
             lse_r = cute.make_rmem_tensor((2,), Float32)
-            online_softmax_finalize(o_mn, row_max, row_sum, lse_r, c_fold)
+            online_softmax_finalize(o_mn, row_max, row_sum, lse_r)
             for r in cutlass.range_constexpr(2):
                 row = m_start + oc_mn[r, 0][0]
                 if row < seqlen_q:
@@ -476,12 +461,8 @@ class FlashFwdSm90:
     @cute.jit
     def prep_scores(self, s_mn, c_mn, scale_log2: Float32, m_start: Int32, n_start: Int32, seqlen_q: Int32,
                     seqlen_k: Int32, win_left: Int32, win_right: Int32):
-        """-inf where invisible (only on blocks that can hold an invisible entry); a non-positive scale multiplies
-        the scores first (ops.common.softmax.fold_scale: a positive one is folded into the softmax's exponent)."""
-        if cutlass.const_expr(self.FOLD):
-            prescale_scores(s_mn, scale_log2)
-        else:
-            scale_scores(s_mn, scale_log2)
+        """t = c * S, then -inf where invisible (only on blocks that can hold an invisible entry)."""
+        scale_scores(s_mn, scale_log2)
         if mask_lib.block_needs_mask(m_start, self.BM, n_start, self.BN, seqlen_q, seqlen_k, win_left, win_right,
                                      self.bounded):
             mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,

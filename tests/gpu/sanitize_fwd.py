@@ -1,5 +1,5 @@
 """Small forward configs (dense causal GQA, varlen; head dims 64 (dense causal; varlen unmasked), 128, 96,
-192 / 128, 256) for compute-sanitizer racecheck / memcheck. FLASH_FWD_KNOBS (test_flash_fwd.py) applies here too."""
+192 / 128, 256) for compute-sanitizer racecheck / memcheck."""
 import math
 import os
 import sys
@@ -10,13 +10,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from ops.common.switches import knob_specs  # noqa: E402
-from ops.flash_attention.forward_sm90 import FlashFwdSm90  # noqa: E402
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
-
-for _name, _value in knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")).items():   # knobs on trial
-    assert hasattr(FlashFwdSm90, _name), f"FLASH_FWD_KNOBS: no knob {_name}"
-    setattr(FlashFwdSm90, _name, _value)
 
 
 def main():

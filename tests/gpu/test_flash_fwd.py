@@ -5,8 +5,6 @@ Each case: NaN-poisoned out/lse, kernel vs float64 reference ("exact") from the 
   relRMS(out - exact) <= 2 x relRMS(floor - exact)   (+1e-7 slack for cases where both are ~0)
   |lse - exact| <= 2^-16 max(1, max|S|) on rows that see keys; rows that see no key: out == 0 and lse == -inf exactly
   no NaN/inf anywhere else (every element written).
-FLASH_FWD_KNOBS="NAME=VALUE,..." sets FlashFwdSm90 class knobs first (the knobs on trial; ops.common.switches; also
-for sanitize_fwd.py), e.g. POLY_EXP=2.
 Run: python -m pytest -q tests/gpu/test_flash_fwd.py
 """
 import math
@@ -23,14 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
-from ops.common.switches import knob_specs  # noqa: E402
-from ops.flash_attention.forward_sm90 import FlashFwdSm90  # noqa: E402
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 from reference import attention_ref, gate_ratio, lse_tol  # noqa: E402
-
-for _name, _value in knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")).items():   # knobs on trial
-    assert hasattr(FlashFwdSm90, _name), f"FLASH_FWD_KNOBS: no knob {_name}"
-    setattr(FlashFwdSm90, _name, _value)
 
 DEV = "cuda"
 BF16, F16 = torch.bfloat16, torch.float16
@@ -144,14 +136,11 @@ def test_causal_dead_rows(Sq, Sk, D):
     check(q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("scale", [0.0, -0.125, 0.5, 1.2])
-def test_scales(scale, causal):
-    """A positive scale is folded into the softmax's exponent fma, zero and negative ones scale the scores first
-    (ops.common.softmax.fold_scale): both forms, in the 128-row (causal) and the 192-row (unmasked) D 64 tile."""
+def test_scales(scale):
     torch.manual_seed(5)
     q, k, v = rnd(1, 257, 2, 64), rnd(1, 519, 2, 64), rnd(1, 519, 2, 64)
-    check(q, k, v, scale=scale, causal=causal)
+    check(q, k, v, scale=scale, causal=True)
 
 
 def test_strided_layouts():
@@ -244,13 +233,12 @@ def test_seed001_wide_logits(kscale):
     check(q[:, :, :2], k[:, :, :2], v[:, :, :2])  # numerics gate on 2 heads (reference cost)
 
 
-@pytest.mark.parametrize("D", [128, 64])
-def test_nan_reaches_only_the_rows_that_see_it(D):
+def test_nan_reaches_only_the_rows_that_see_it():
     """A NaN in one key of one head reaches out and lse of exactly the query rows of that head that see the key (the
     finalize treats a NaN row sum as NaN, not as a row with no key: never replaced by 0 / -inf); other heads and the
     causal rows before the key stay finite and equal to the clean run."""
     torch.manual_seed(5)
-    B, S, H = 1, 300, 4
+    B, S, H, D = 1, 300, 4, 128
     q, k, v = (torch.randn(B, S, H, D, device=DEV, dtype=BF16) for _ in range(3))
     clean_o, clean_l = run_fwd(q, k, v, causal=True)
     k[0, 200, 2, 5] = float("nan")
