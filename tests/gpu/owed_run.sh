@@ -19,7 +19,11 @@
 # opscommon; the whole store, the DSL and FA4 do not fit in 64 MiB together); 10:10 the EARLY_SDP trial
 # (FLASH_AB_KNOBS=EARLY_SDP_DIMS=64:96:128 FLASH_AB_DIMS="64 96 128" STEPS=flash_trial); 10:24 on e2b6916 (the ordered
 # form's early S^T / dP^T the default: the final kernels) test_flash_bwd and sanitize_bwd, the deterministic table;
-# 10:30 the EARLY_RELEASE trial (cut before its memcheck: no device time left). Owed next:
+# 10:30 the EARLY_RELEASE trial (cut before its memcheck: no device time left). 2026-12-07 13:12 (H100, branch
+# wip/fwd-fold-poly, one call of 61 s after 1.4 ks of failed starts): the forward's softmax with a positive scale
+# folded into the exponent's fma, A/B 1.02-1.04x, and its test_flash_fwd (152 of 176 failed on a shadowed name in the
+# epilogue, fixed on the branch since, not yet run). That branch carries the fwd_ab / fwd_trial steps; its owed call
+# (after tests/gpu/build_store.sh on the branch) is in its own copy of this header. Owed next on main:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560;
 #   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46 and 10:24).
 # The steps of STEPS=all, in order:
