@@ -23,7 +23,7 @@
 # wip/fwd-fold-poly, one call of 61 s after 1.4 ks of failed starts): the forward's softmax with a positive scale
 # folded into the exponent's fma, A/B 1.02-1.04x, and its test_flash_fwd (152 of 176 failed on a shadowed name in the
 # epilogue, fixed on the branch since, not yet run). That branch carries the fwd_ab / fwd_trial steps; its owed call
-# (after tests/gpu/build_store.sh on the branch) is in its own copy of this header. Owed next on main:
+# is in its own copy of this header (the carried store holds its forward variants since 13:20). Owed next on main:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560;
 #   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46 and 10:24).
 # The steps of STEPS=all, in order:
