@@ -91,6 +91,17 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     and the 2-deep ring runs dry at D 96), so there it is off.
   - EARLY_RELEASE = 0 (trial): with early_sdp, 1 releases a tile's stage at its end instead. H100 10:30: the default
     form no longer runs dry at D 96 but gains nothing (D 128 0.93x); ordered D 96 1.06x, the rest within 2 %.
+  - BM128_DIMS = () (trial knob; (64,) the only other value): at D 64 the query tiles are 128 rows (``mode 3``).
+    Why: a 64 x 64 x 16 SS wgmma (S^T, dP^T, dQ at bm 64) reads 4 KiB of shared memory in its 32 tensor-core cycles,
+    the 128 B/clk an SM's shared memory gives; at N = 128 S^T and dP^T read 6 KiB in 64 cycles, and a tile's fixed
+    costs (barriers, the stage handoff, the dQ reduce's issue) are paid once for twice the work. What changes:
+    S^T / dP^T are (64 keys x 128 queries) a warpgroup (64 accumulator registers each); P^T and dS^T are both formed
+    after both wgmmas are done and then [dV], [dK] issued (dV in flight while dS^T is formed spilled and serialized
+    the wgmmas); dS is one (128 keys x 128 queries) tile, keys first, so warpgroup w's dQ operand, query rows
+    [64 w, 64 w + 64) over all 128 keys, is one contiguous block; each warpgroup computes and bulk-reduces that
+    (64 x D) row half (mode 2's reduce traffic, N = D wgmmas; in the ordered form one turn for both warpgroups); each
+    thread stages both column stats of one query. ptxas (CPU, 2026-12-07): no spills with EARLY_SDP at D 64 (modes and
+    ordered form, dense and varlen), 48 B (dense) / 172 B (varlen) without it; no wgmma serialization. Not yet run.
   The tables of these trials: docs/performance.md, 2026-12-07.
 
 Status (2026-12-07, H100; no H200 has run this kernel since 2026-12-06): the swapped S / dP is the one form since the
@@ -150,6 +161,9 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     EARLY_SDP_DIMS = ()                     # a tile's S^T / dP^T under the previous tile's dQ epilogue: default form
     ORDERED_EARLY_SDP_DIMS = (64, 96, 128)  # the same, ordered form (its turn waits under the wgmmas)
     EARLY_RELEASE = 0                       # with those: 1 releases a tile's stage at its end (trial knob)
+    # head dims (64 only) whose query tiles are 128 rows (trial knob): S^T / dP^T are 64 keys x 128 queries a
+    # warpgroup (N = 128 wgmmas, 96 B of shared memory a tensor-core cycle instead of 128), dQ split by rows (mode 3)
+    BM128_DIMS = ()
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -157,8 +171,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     def smem_bytes(self) -> int:
         """Shared memory _main_fast allocates (1024-byte aligned tiles, then the mbarriers), for the knob check."""
         D, bm, bn, bnw, dtb = self.D, self.bm, self.bn, self.bnw, self.dtype.width // 8
-        ds2 = self.ds_stages == 2 and self.dq_cols
-        tiles = [bm * D * 4 * (1 if self.dq_cols else 2), bn * D * dtb, bn * D * dtb, bm * D * dtb * self.stages,
+        ds2 = self.ds_stages == 2 and self.dq_shared
+        tiles = [bm * D * 4 * (1 if self.dq_shared else 2), bn * D * dtb, bn * D * dtb, bm * D * dtb * self.stages,
                  bm * D * dtb * self.stages, bm * bnw * dtb * 2 * (2 if ds2 else 1)]
         total = sum(-(-t // 1024) * 1024 for t in tiles)
         return total + bm * 2 * 2 * 2 * 4 + 8 * (2 * self.stages + 1)   # + sStat, the mbarriers
@@ -179,6 +193,18 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self.ds_stages = self.DS_STAGES if self.DS_STAGES is not None else (2 if self.ordered else 1)
         self.stat_ahead = head_dim in _dims(self.STAT_AHEAD_DIMS)
         self.bm = BLOCK_M_FAST
+        if head_dim in _dims(self.BM128_DIMS):
+            if head_dim != 64:
+                raise ValueError(f"FlashBwdSm90Fast knob BM128_DIMS: 128-row query tiles only at head_dim 64 "
+                                 f"(the S^T, dP^T, dK, dV accumulators of D {head_dim} do not fit in 240 registers)")
+            self.bm = 128
+        # mode 3 (bm = 128): dQ = dS (128 queries x 128 keys) K, warpgroup w computes query rows [64 w, 64 w + 64) over
+        # all 128 keys and reduces its row half (the reduce traffic of mode 2, N = D wgmmas)
+        self.dq_rows = self.bm == 128
+        if self.dq_rows:
+            self.dq_cols = False
+        # both warpgroups read the whole dS tile and reduce disjoint parts of one dQ tile (modes 2 and 3)
+        self.dq_shared = self.dq_cols or self.dq_rows
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
         self.stages = self.STAGES
@@ -187,9 +213,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
         early_dims = _dims(self.ORDERED_EARLY_SDP_DIMS if self.ordered else self.EARLY_SDP_DIMS)
+        # bm 128: P^T and dS^T are both formed once S^T and dP^T are done, then [dV], [dK] issued (with dV in flight
+        # while dS^T is formed, the fp32 P^T that dS^T reads, the rounded P^T, dP^T, dK and dV leave too few registers:
+        # ptxas spilled and serialized the wgmmas)
+        self.sdp_joint = self.bm == 128
         self.early_sdp = head_dim in early_dims and self.nsplit == 1
-        # S^T reuses the (bm, bnw) S tile's partitions and P's operand view with rows and columns swapped
-        assert self.bm == self.bnw, "S^T = K_w Q^T needs square S tiles (bm == bnw)"
+        # S^T tiles are (bnw keys, bm queries); the staged column stats: 2 bm values a tile, bm / 64 a thread
+        assert self.bnw == 64 and self.bm in (64, 128)
         if self.smem_bytes() > self.SMEM_LIMIT:
             raise ValueError(f"FlashBwdSm90Fast knobs STAGES={self.STAGES}, DS_STAGES={self.ds_stages} need "
                              f"{self.smem_bytes()} bytes of shared memory at head_dim {head_dim} "
@@ -213,27 +243,33 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         atom_d = _atom_d(D, dt)
         l_q = cute.tile_to_shape(atom_d, (bm, D, self.stages), order=(0, 1, 2))
         l_k = cute.tile_to_shape(atom_d, (bn, D), order=(0, 1))
-        l_p = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2),
+        # dS^T tiles: keys x queries (queries contiguous), one (bnw, bm) tile a warpgroup
+        l_p = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bnw, bm, 2),
                                  order=(0, 1, 2))
         atom_f = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, Float32)
         if cutlass.const_expr(self.dq_cols):
             l_dq = cute.tile_to_shape(atom_f, (bm, D), order=(0, 1))           # one tile, column halves per WG
             l_dq_tma = cute.tile_to_shape(atom_f, (bm, D // 2), order=(0, 1))
             dq_box = (bm, D // 2)
+        elif cutlass.const_expr(self.dq_rows):
+            l_dq = cute.tile_to_shape(atom_f, (64, D, 2), order=(0, 1, 2))     # the tile's row halves, one per WG
+            l_dq_tma = cute.slice_(l_dq, (None, None, 0))
+            dq_box = (64, D)
         else:
             l_dq = cute.tile_to_shape(atom_f, (bm, D, 2), order=(0, 1, 2))     # one tile per WG
             l_dq_tma = cute.slice_(l_dq, (None, None, 0))
             dq_box = (bm, D)
 
+        # S^T = K_w Q^T: M = the warpgroup's bnw = 64 keys, N = the tile's bm queries
         mma_sdp = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
-                                              tiler_mn=(64, bnw))
+                                              tiler_mn=(bnw, bm))
         # dS is stored keys x queries (queries contiguous), so dQ = dS K reads it as an MN-major A
         a_dq = Major.MN
         mma_dq = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                              tiler_mn=(64, self.dqn))
         # same MMAs fixed to overwrite (first k-block of S, dP, dQ): no register zeroing between wgmma groups
         mma_sdp_z = sm90.make_trivial_tiled_mma(dt, dt, Major.K, Major.K, Float32, (1, 1, 1),
-                                                tiler_mn=(64, bnw))
+                                                tiler_mn=(bnw, bm))
         mma_dq_z = sm90.make_trivial_tiled_mma(dt, dt, a_dq, Major.MN, Float32, (1, 1, 1),
                                                tiler_mn=(64, self.dqn))
         # dV += P^T dO, dK += dS^T Q with P^T, dS^T from registers (the S^T / dP^T accumulators, rounded)
@@ -386,16 +422,27 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
     @cute.jit
     def _sdp_issue(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, acc_S: cute.Tensor, acc_dP: cute.Tensor,
-                   tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor, tPrdO: cute.Tensor, stage):
-        """Groups [S^T = K_w Q^T], [dP^T = V_w dO^T] of the (Q, dO) tile in ring stage `stage` (full)."""
+                   tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor, tPrdO: cute.Tensor, stage,
+                   s: cutlass.Constexpr = True, dp: cutlass.Constexpr = True):
+        """Groups [S^T = K_w Q^T] (s), [dP^T = V_w dO^T] (dp) of the (Q, dO) tile in ring stage `stage` (full)."""
         wg.fence()
-        for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb], tSrQ[None, None, kb, stage],
-                      acc_S)
-        wg.commit_group()
+        if cutlass.const_expr(s):
+            for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb],
+                          tSrQ[None, None, kb, stage], acc_S)
+            wg.commit_group()
+        if cutlass.const_expr(not dp):
+            return
         for kb in cutlass.range_constexpr(cute.size(tPrV, mode=[2])):
             cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrV[None, None, kb],
                       tPrdO[None, None, kb, stage], acc_dP)
+        wg.commit_group()
+
+    @cute.jit
+    def _dkv_issue(self, mma_dkv: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, stage):
+        """Group [acc += A B]: dV += P^T dO or dK += dS^T Q, A the rounded accumulator in registers."""
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            cute.gemm(mma_dkv, acc, tA[None, None, kb], tB[None, None, kb, stage], acc)
         wg.commit_group()
 
     @cute.jit
@@ -418,40 +465,55 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         rL = None
         if cutlass.const_expr(self.stat_ahead):
             rL = self._col_regs(c_mn, sL)   # the shared-memory reads under the S^T / dP^T wgmmas, not after them
-        wg.wait_group(1)
-        self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
-                     need_mask, rL)
-        rP.store(acc_S.load().to(dt))
-        wg.fence()
-        for kb in cutlass.range_constexpr(cute.size(tVrPt, mode=[2])):
-            cute.gemm(mma_dkv, acc_dV, tVrPt[None, None, kb], tVrdOt[None, None, kb, stage], acc_dV)
-        wg.commit_group()
-        rD = None
-        if cutlass.const_expr(self.stat_ahead):
-            rD = self._col_regs(c_mn, sD)
-        wg.wait_group(1)
-        self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD, rD)
-        rdS.store(acc_dP.load().to(dt))
-        self._store_tile(r2s, thr_r2s, rdS, tPsdS)
-        wg.fence()
-        for kb in cutlass.range_constexpr(cute.size(tKrdSt, mode=[2])):
-            cute.gemm(mma_dkv, acc_dK, tKrdSt[None, None, kb], tKrQt[None, None, kb, stage], acc_dK)
-        wg.commit_group()
+        if cutlass.const_expr(self.sdp_joint):
+            wg.wait_group(0)
+            self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
+                         need_mask, rL)
+            self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD, None)
+            rP.store(acc_S.load().to(dt))
+            rdS.store(acc_dP.load().to(dt))
+            wg.fence()
+            self._dkv_issue(mma_dkv, acc_dV, tVrPt, tVrdOt, stage)
+            self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+            wg.fence()
+            self._dkv_issue(mma_dkv, acc_dK, tKrdSt, tKrQt, stage)
+        else:
+            wg.wait_group(1)
+            self._p_swap(acc_mn_view(acc_S), c_mn, sL, i0, j0, slen_q, slen_k, off, win_left, win_right, scale_log2,
+                         need_mask, rL)
+            rP.store(acc_S.load().to(dt))
+            wg.fence()
+            self._dkv_issue(mma_dkv, acc_dV, tVrPt, tVrdOt, stage)
+            rD = None
+            if cutlass.const_expr(self.stat_ahead):
+                rD = self._col_regs(c_mn, sD)
+            wg.wait_group(1)
+            self._ds_swap(acc_mn_view(acc_S), acc_mn_view(acc_dP), c_mn, sD, rD)
+            rdS.store(acc_dP.load().to(dt))
+            self._store_tile(r2s, thr_r2s, rdS, tPsdS)
+            wg.fence()
+            self._dkv_issue(mma_dkv, acc_dK, tKrdSt, tKrQt, stage)
 
     @cute.jit
-    def _dq_out(self, t, hq_t, m_t, stat_n, sStat: cute.Tensor, srow, skind, cwg, wwarp, off_q, gdq: cute.Tensor, bb,
+    def _dq_out(self, t, hq_t, m_t, stat_n, stat_n2, sStat: cute.Tensor, srow, skind, cwg, wwarp, off_q,
+                gdq: cute.Tensor, bb,
                 tma_dq: cute.CopyAtom, sdQw: cute.Tensor, mSem, slot0, m_min, nm, hq0, turn_a, turn_c):
         """After tile t's dQ is in sdQw and its stage released: the next tile's column value staged (sStat, parity
         t + 1), the warpgroup's barrier, then warp 0 bulk-reduces the tile into dQ (hq_t, m_t) (the ordered form: in
         its turn, after passing tile t - 1's turn when TURN_PASS = 0)."""
         bm, bn, D = self.bm, self.bn, self.D
         sStat[srow, skind, (t + 1) % 2, cwg] = stat_n   # read after the barrier below
+        if cutlass.const_expr(self.bm == 128):
+            sStat[srow, 1, (t + 1) % 2, cwg] = stat_n2
         cute.arch.fence_proxy("async.shared", space="cta")
         self._wg_sync(cwg)
         if wwarp == 0:
             if cutlass.const_expr(self.dq_cols):
                 gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq_t, bb]), (bm, D // 2),
                                         (m_t, cwg))
+            elif cutlass.const_expr(self.dq_rows):
+                gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq_t, bb]), (64, D),
+                                        (m_t * (bm // 64) + cwg, 0))
             else:
                 gdQ_t = cute.local_tile(cute.domain_offset((off_q, 0), gdq[None, None, hq_t, bb]), (bm, D), (m_t, 0))
             tsdQ, tgdQ = _tma_part(tma_dq, sdQw, gdQ_t)
@@ -465,7 +527,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         if prev < mSem.shape[1]:
                             tile_order.pass_turn(self._turn_ptr(mSem, hq0 + (t - 1) // nm, prev))
                 turn = 2 * cutlass.min(turn_a, (m_t * bm + turn_c) // bn)
-                if cutlass.const_expr(not self.dq_cols):
+                if cutlass.const_expr(not self.dq_shared):
                     turn = turn + cwg   # both warpgroups add to the same columns: warpgroup 0 first
                 if slot0 + m_t < mSem.shape[1]:
                     tile_order.wait_turn(self._turn_ptr(mSem, hq_t, slot0 + m_t), turn)
@@ -507,10 +569,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         sdO = smem.allocate_tensor(dt, l_q.outer, 1024, l_q.inner)
         # per consumer warpgroup, two tiles' columns: [query of the tile, log2-LSE / Delta, tile parity, warpgroup]
         sStat = smem.allocate_tensor(Float32, cute.make_layout((bm, 2, 2, 2)), 16)
-        ds2 = self.ds_stages == 2 and self.dq_cols   # dS double-buffered: a trailing stage mode on every dS view
-        if cutlass.const_expr(ds2):
-            l_ds4 = cute.tile_to_shape(wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt), (bm, bnw, 2, 2),
-                                       order=(0, 1, 2, 3))
+        ds2 = self.ds_stages == 2 and self.dq_shared   # dS double-buffered: a trailing stage mode on every dS view
+        atom_ds = wg.make_smem_layout_atom(wg.SmemLayoutAtomKind.K_SW128, dt)
+        if cutlass.const_expr(self.dq_rows):
+            # mode 3: the whole (bn keys, bm queries) dS^T tile, keys first: query columns [64 w, 64 w + 64) of all
+            # bn keys (warpgroup w's dQ A operand) are one contiguous 64-query block; a warpgroup's keys are a slab
+            l_dsr = cute.tile_to_shape(atom_ds, (bn, bm, 2) if ds2 else (bn, bm), order=(0, 1, 2) if ds2 else (0, 1))
+            sdS = smem.allocate_tensor(dt, l_dsr.outer, 1024, l_dsr.inner)
+        elif cutlass.const_expr(ds2):
+            l_ds4 = cute.tile_to_shape(atom_ds, (bnw, bm, 2, 2), order=(0, 1, 2, 3))
             sdS = smem.allocate_tensor(dt, l_ds4.outer, 1024, l_ds4.inner)
         else:
             sdS = smem.allocate_tensor(dt, l_p.outer, 1024, l_p.inner)
@@ -578,7 +645,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
                 sKw = cute.local_tile(sK, (bnw, D), (cwg, 0))
                 sVw = cute.local_tile(sV, (bnw, D), (cwg, 0))
-                if cutlass.const_expr(ds2):
+                if cutlass.const_expr(self.dq_rows):
+                    sdSw = cute.local_tile(sdS, (bnw, bm, 2) if ds2 else (bnw, bm), (cwg, 0, 0) if ds2 else (cwg, 0))
+                    sdS_all = _t3(sdS) if ds2 else _transpose(sdS)     # (bm queries, bn keys[, stage])
+                    sdQw = sdQ[None, None, cwg]
+                elif cutlass.const_expr(ds2):
                     sdSw = sdS[None, None, cwg, None]
                 else:
                     sdSw = sdS[None, None, cwg]
@@ -591,7 +662,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                                               (*ds_shape, 2) if ds2 else ds_shape, order=(0, 1, 2) if ds2 else (0, 1))
                     sdS_all = cute.make_tensor(sdS.iterator, l_ds.outer)
                     sdS_all = _t3(sdS_all) if ds2 else _transpose(sdS_all)
-                else:
+                elif cutlass.const_expr(not self.dq_rows):
                     sdQw = sdQ[None, None, cwg]
 
                 thr_sdp = mma_sdp.get_slice(ctid)
@@ -606,7 +677,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 tPrV, tPrdO = frags_ab(sVw, sdO)
                 tVrdOt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sdO)))
                 tKrQt = mma_dkv.make_fragment_B(thr_dkv.partition_B(_t3(sQ)))
-                if cutlass.const_expr(self.dq_cols):
+                if cutlass.const_expr(self.dq_rows):
+                    # this warpgroup's 64 query rows of dS over all bn keys, times K^T (all D columns)
+                    tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(
+                        cute.local_tile(sdS_all, (64, bn, 2) if ds2 else (64, bn), (cwg, 0, 0) if ds2 else (cwg, 0))))
+                    tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(_transpose(sK)))]
+                elif cutlass.const_expr(self.dq_cols):
                     tQrdS = mma_dq.make_fragment_A(thr_dq.partition_A(sdS_all))
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(
                         cute.local_tile(_transpose(sK), (dqn, bn), (cwg, 0))))]
@@ -615,9 +691,11 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     sKwt = _transpose(sKw)
                     tQrKt = [mma_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKwt, (dqn, bnw), (h, 0))))
                              for h in range(nsplit)]
-                tQsdQ = [thr_dq.partition_C(cute.local_tile(sdQw, (bm, dqn), (0, h))) for h in range(nsplit)]
+                qrows = 64 if self.dq_rows else bm   # dQ rows a warpgroup computes
+                tQsdQ = [thr_dq.partition_C(cute.local_tile(sdQw, (qrows, dqn), (0, h))) for h in range(nsplit)]
 
-                tScS = thr_sdp.partition_C(cute.make_identity_tensor((bm, bnw)))
+                # S^T coordinates: (key of the warpgroup's bnw, query of the tile's bm)
+                tScS = thr_sdp.partition_C(cute.make_identity_tensor((bnw, bm)))
                 tKVc = thr_dkv.partition_C(cute.make_identity_tensor((bnw, D)))
                 r2s, thr_r2s, (tPsdS,) = self._tile_store(mma_sdp, ctid, (sdSw,), True)
                 c_mn = acc_mn_view(tScS)
@@ -643,11 +721,15 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.ordered):
                     turn_a, turn_c = self._turns(nb, off, slen_q, slen_k, win_right)
                     slot0 = self._turn_slot0(b, off_q, Sq)
-                # each thread stages one value of a tile's 64 query columns: threads 0-63 log2-LSE, 64-127 Delta
+                # each thread stages bm / 64 values of a tile's bm query columns: bm 64: threads 0-63 log2-LSE,
+                # 64-127 Delta; bm 128: thread t both of query t
                 srow = ctid % bm
                 skind = ctid // bm
                 sStat[srow, skind, 0, cwg] = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv, off_q,
                                                             m_min * bm + srow, slen_q, skind)
+                if cutlass.const_expr(bm == 128):
+                    sStat[srow, 1, 0, cwg] = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv, off_q,
+                                                            m_min * bm + srow, slen_q, 1)
                 self._wg_sync(cwg)
                 cute.arch.mbarrier_wait(bar_kv, 0)
                 if cutlass.const_expr(not self.ordered):
@@ -656,7 +738,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                 if cutlass.const_expr(self.early_sdp):
                     # the previous tile's stage, query head and block and the column value staged after it
                     sp = st.clone()
-                    p_hq, p_m, p_stat = Int32(0), Int32(0), Float32(0.0)
+                    p_hq, p_m, p_stat, p_stat2 = Int32(0), Int32(0), Float32(0.0), Float32(0.0)
                 for it in cutlass.range(n_iter, unroll=1):
                     hq = hkv * qhead_per_kv + it // nm
                     m = m_min + it % nm
@@ -669,9 +751,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         tPsdS_c, tQrdS_c = tPsdS, tQrdS
                     # the next tile's column value, loaded now, staged before this tile's last barrier
                     nxt_stat = Float32(0.0)
+                    nxt_stat2 = Float32(0.0)   # bm 128: the Delta of query srow
                     if it + 1 < n_iter:
                         nxt_stat = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv + (it + 1) // nm, off_q,
                                                   (m_min + (it + 1) % nm) * bm + srow, slen_q, skind)
+                        if cutlass.const_expr(bm == 128):
+                            nxt_stat2 = self._col_stat(mLSE2, mDelta, bb, hkv * qhead_per_kv + (it + 1) // nm, off_q,
+                                                       (m_min + (it + 1) % nm) * bm + srow, slen_q, 1)
                     sL = sStat[None, 0, it % 2, cwg]
                     sD = sStat[None, 1, it % 2, cwg]
                     need_mask = mask_lib.block_needs_mask(i0, bm, jw0, bnw, slen_q, slen_k, win_left, win_right,
@@ -687,12 +773,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                             cute.autovec_copy(acc_dQ, tQsdQ[0])
                         self._sdp_issue(mma_sdp, mma_sdp_z, acc_S, acc_dP, tSrK, tSrQ, tPrV, tPrdO, st.index)
                         if it > 0:
-                            if cutlass.const_expr(self.dq_cols and not ds2):
+                            if cutlass.const_expr(self.dq_shared and not ds2):
                                 self._pair_sync()  # both warpgroups' dQ MMAs are done with the last dS tile
                             if cutlass.const_expr(self.EARLY_RELEASE == 0):
                                 pipe.consumer_release(sp)
-                            self._dq_out(it - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
-                                         tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
+                            self._dq_out(it - 1, p_hq, p_m, p_stat, p_stat2, sStat, srow, skind, cwg, wwarp, off_q,
+                                         gdq, bb, tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                     self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
                                    tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
                                    slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,
@@ -701,7 +787,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                     if wwarp == 0:
                         # the previous tile's bulk reduce has finished reading sdQw before anyone rewrites it
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    if cutlass.const_expr(self.dq_cols):
+                    if cutlass.const_expr(self.dq_shared):
                         self._pair_sync()  # both dS halves written (dQ reads the whole dS tile)
                     else:
                         self._wg_sync(cwg)
@@ -742,25 +828,25 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                         if cutlass.const_expr(self.EARLY_RELEASE == 1):
                             pipe.consumer_release(st)   # its wgmmas are retired: the producer may refill it now
                         sp = st.clone()     # tile it's stage, else released at the top of the next tile
-                        p_hq, p_m, p_stat = hq, m, nxt_stat
+                        p_hq, p_m, p_stat, p_stat2 = hq, m, nxt_stat, nxt_stat2
                         st.advance()
                     else:
-                        if cutlass.const_expr(self.dq_cols and not ds2):
+                        if cutlass.const_expr(self.dq_shared and not ds2):
                             self._pair_sync()  # both warpgroups' dQ MMAs are done with this dS tile
                         pipe.consumer_release(st)
                         st.advance()
-                        self._dq_out(it, hq, m, nxt_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb, tma_dq,
-                                     sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
+                        self._dq_out(it, hq, m, nxt_stat, nxt_stat2, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
+                                     tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
 
                 if cutlass.const_expr(self.early_sdp):
                     if n_iter > 0:
                         cute.autovec_copy(acc_dQ, tQsdQ[0])
-                        if cutlass.const_expr(self.dq_cols and not ds2):
+                        if cutlass.const_expr(self.dq_shared and not ds2):
                             self._pair_sync()
                         if cutlass.const_expr(self.EARLY_RELEASE == 0):
                             pipe.consumer_release(sp)
-                        self._dq_out(n_iter - 1, p_hq, p_m, p_stat, sStat, srow, skind, cwg, wwarp, off_q, gdq, bb,
-                                     tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
+                        self._dq_out(n_iter - 1, p_hq, p_m, p_stat, p_stat2, sStat, srow, skind, cwg, wwarp, off_q,
+                                     gdq, bb, tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
                 if wwarp == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cutlass.const_expr(self.ordered):

@@ -21,7 +21,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from ops.common.mask import UNBOUNDED  # noqa: E402
 
-BM, BN = 64, 128   # backward_fast_sm90.BLOCK_M_FAST, BLOCK_N_FAST
+BM, BN = 64, 128   # backward_fast_sm90.BLOCK_M_FAST, BLOCK_N_FAST (BM 128: the BM128_DIMS knob, row-split dQ)
+
+
+@pytest.fixture(autouse=True, params=[64, 128], ids=["bm64", "bm128"])
+def _query_tile_rows(request, monkeypatch):
+    """Every check at both query-tile heights the kernel has (64; 128 with FlashBwdSm90Fast.BM128_DIMS, where both
+    warpgroups reduce disjoint row halves of a tile and take one turn, as dq_cols=True models)."""
+    monkeypatch.setitem(globals(), "BM", request.param)
 
 
 def window(causal, left, right):

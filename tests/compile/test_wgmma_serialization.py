@@ -50,6 +50,12 @@ KERNELS = {
                        "m.compile_variant('bfloat16', 128, True, False, fast=2); K.EARLY_RELEASE = 1; "
                        "m.compile_variant('float16', 64, True, True, ordered=True); "
                        "m.compile_variant('bfloat16', 96, False, False, fast=2)",
+    # 128-row query tiles at D 64 (BM128_DIMS, trial knob): both forms, with and without the early S^T / dP^T
+    "flash_bwd_bm128": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
+                       "import FlashBwdSm90Fast as K; K.BM128_DIMS = (64,); "
+                       "m.compile_variant('bfloat16', 64, True, False, fast=2); "
+                       "m.compile_variant('float16', 64, True, True, ordered=True); K.EARLY_SDP_DIMS = (64,); "
+                       "m.compile_variant('bfloat16', 64, False, False, fast=2)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "
