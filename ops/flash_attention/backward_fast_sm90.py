@@ -91,17 +91,22 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     and the 2-deep ring runs dry at D 96), so there it is off.
   - EARLY_RELEASE = 0 (trial): with early_sdp, 1 releases a tile's stage at its end instead. H100 10:30: the default
     form no longer runs dry at D 96 but gains nothing (D 128 0.93x); ordered D 96 1.06x, the rest within 2 %.
-  - BM128_DIMS = () (trial knob; (64,) the only other value): at D 64 the query tiles are 128 rows (``mode 3``).
-    Why: a 64 x 64 x 16 SS wgmma (S^T, dP^T, dQ at bm 64) reads 4 KiB of shared memory in its 32 tensor-core cycles,
-    the 128 B/clk an SM's shared memory gives; at N = 128 S^T and dP^T read 6 KiB in 64 cycles, and a tile's fixed
-    costs (barriers, the stage handoff, the dQ reduce's issue) are paid once for twice the work. What changes:
-    S^T / dP^T are (64 keys x 128 queries) a warpgroup (64 accumulator registers each); P^T and dS^T are both formed
-    after both wgmmas are done and then [dV], [dK] issued (dV in flight while dS^T is formed spilled and serialized
-    the wgmmas); dS is one (128 keys x 128 queries) tile, keys first, so warpgroup w's dQ operand, query rows
-    [64 w, 64 w + 64) over all 128 keys, is one contiguous block; each warpgroup computes and bulk-reduces that
-    (64 x D) row half (mode 2's reduce traffic, N = D wgmmas; in the ordered form one turn for both warpgroups); each
-    thread stages both column stats of one query. ptxas (CPU, 2026-12-07): no spills with EARLY_SDP at D 64 (modes and
-    ordered form, dense and varlen), 48 B (dense) / 172 B (varlen) without it; no wgmma serialization. Not yet run.
+  - BM128_DIMS = (64,) (default since 2026-12-07; 0: the 64-row form): at D 64 the query tiles are 128 rows
+    (``mode 3``). Why: a 64 x 64 x 16 SS wgmma (S^T, dP^T, dQ at bm 64) reads 4 KiB of shared memory in its 32
+    tensor-core cycles, the 128 B/clk an SM's shared memory gives; at N = 128 S^T and dP^T read 6 KiB in 64 cycles, and
+    a tile's fixed costs (barriers, the stage handoff, the dQ reduce's issue) are paid once for twice the work. What
+    changes: S^T / dP^T are (64 keys x 128 queries) a warpgroup (64 accumulator registers each), always issued early
+    (EARLY_SDP: without it ptxas spills 48-172 B); P^T and dS^T are both formed after both wgmmas are done and then
+    [dV], [dK] issued (dV in flight while dS^T is formed spilled and serialized the wgmmas); dS is one (128 keys x 128
+    queries) tile, keys first, so warpgroup w's dQ operand, query rows [64 w, 64 w + 64) over all 128 keys, is one
+    contiguous block; each warpgroup computes and bulk-reduces that (64 x D) row half (mode 2's reduce traffic, N = D
+    wgmmas; in the ordered form one turn for both warpgroups); each thread stages both column stats of one query.
+    ptxas: no spills (both forms, dense and varlen), no wgmma serialization. H100 2026-12-07 14:32
+    (perf/device_2026-12-07T1432_h100.txt; as the knob set BM128_DIMS=64,EARLY_SDP_DIMS=64, whose PTX the default now
+    is byte for byte), B2 H16 S8K bf16 TFLOP/s non-causal / causal: 412.6 / 376.5 against 333.2 / 333.8 (1.24x /
+    1.13x), ordered 302.8 / 321.3 against 254.2 / 240.0 (1.19x / 1.34x); dK, dV bitwise equal to the 64-row form's;
+    test_flash_bwd -k "fast2 or ordered" 86 passed, sanitize_bwd memcheck 0 errors, racecheck no hazard in its D 64
+    configurations (the run was cut by the call's limit before its summary, in a configuration of another kernel).
   The tables of these trials: docs/performance.md, 2026-12-07.
 
 Status (2026-12-07, H100; no H200 has run this kernel since 2026-12-06): the swapped S / dP is the one form since the
@@ -161,9 +166,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     EARLY_SDP_DIMS = ()                     # a tile's S^T / dP^T under the previous tile's dQ epilogue: default form
     ORDERED_EARLY_SDP_DIMS = (64, 96, 128)  # the same, ordered form (its turn waits under the wgmmas)
     EARLY_RELEASE = 0                       # with those: 1 releases a tile's stage at its end (trial knob)
-    # head dims (64 only) whose query tiles are 128 rows (trial knob): S^T / dP^T are 64 keys x 128 queries a
-    # warpgroup (N = 128 wgmmas, 96 B of shared memory a tensor-core cycle instead of 128), dQ split by rows (mode 3)
-    BM128_DIMS = ()
+    # head dims (64 only) whose query tiles are 128 rows: S^T / dP^T are 64 keys x 128 queries a warpgroup (N = 128
+    # wgmmas, 96 B of shared memory a tensor-core cycle instead of 128), dQ split by rows (mode 3), the early S^T / dP^T
+    # always (without it ptxas spills); default since 2026-12-07 (H100 14:32: 1.13-1.34x; "0" gives the 64-row form)
+    BM128_DIMS = (64,)
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
@@ -217,7 +223,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # while dS^T is formed, the fp32 P^T that dS^T reads, the rounded P^T, dP^T, dK and dV leave too few registers:
         # ptxas spilled and serialized the wgmmas)
         self.sdp_joint = self.bm == 128
-        self.early_sdp = head_dim in early_dims and self.nsplit == 1
+        self.early_sdp = (head_dim in early_dims or self.bm == 128) and self.nsplit == 1
         # S^T tiles are (bnw keys, bm queries); the staged column stats: 2 bm values a tile, bm / 64 a thread
         assert self.bnw == 64 and self.bm in (64, 128)
         if self.smem_bytes() > self.SMEM_LIMIT:
@@ -778,7 +784,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
                             if cutlass.const_expr(self.EARLY_RELEASE == 0):
                                 pipe.consumer_release(sp)
                             self._dq_out(it - 1, p_hq, p_m, p_stat, p_stat2, sStat, srow, skind, cwg, wwarp, off_q,
-                                         gdq, bb, tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a, turn_c)
+                                         gdq, bb, tma_dq, sdQw, mSem, slot0, m_min, nm, hkv * qhead_per_kv, turn_a,
+                                         turn_c)
                     self._sdp_swap(mma_sdp, mma_sdp_z, mma_dkv, acc_S, acc_dP, acc_dV, acc_dK, rP, rdS, tSrK, tSrQ,
                                    tPrV, tPrdO, tVrPt, tVrdOt, tKrdSt, tKrQt, st.index, c_mn, sL, sD, i0, jw0,
                                    slen_q, slen_k, off, win_left, win_right, scale_log2, need_mask, r2s, thr_r2s,

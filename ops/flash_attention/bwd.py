@@ -30,7 +30,8 @@ _CACHE = {}
 #   0: the simple kernels (backward_sm90.py: one warpgroup, fp32 dQ atomics)
 #   1: the pipelined kernel (backward_fast_sm90.py), each consumer warpgroup bulk-reduces its own dQ partial
 #   2 (default): as 1, and for D = 128 the two warpgroups split dQ by columns over all 128 keys (half the
-#      reduce traffic); D = 64 runs mode 1.
+#      reduce traffic); D = 64 (modes 1 and 2 alike) runs 128-row query tiles with dQ split by rows since
+#      2026-12-07 (backward_fast_sm90.BM128_DIMS, "mode 3"), D = 96 mode 1.
 # All three pass the GPU suite, racecheck and memcheck on the H200 (2026-12-02); mode 2 is the fastest there
 # (B2 H16 S8192 D128: 416 / 394 TFLOP/s non-causal / causal, against 140 / 124 for mode 0).
 # Tests switch it through ``FAST`` (module attribute) or the ``fast=`` argument of flash_attn_bwd.
@@ -56,7 +57,8 @@ FAST = _fast_mode(os.environ.get("PADDLE_DSA_BWD_FAST", "2").strip())
 #      128, recompute at D 96. Both kernels pass the GPU suite and the sanitizers there. Since the ordered form runs
 #      a tile's dQ epilogue and turn wait under the next tile's S^T / dP^T (ORDERED_EARLY_SDP_DIMS, H100 2026-12-07
 #      10:24, perf/flash_early_2026-12-07T1022_h100.txt): ordered D 128 403 / 370, D 64 253 / 241, D 96 251 / 279
-#      (recompute at D 96 279 / 263 at 07:40, not rerun in that call), so D 96 stays on recompute.
+#      (recompute at D 96 279 / 263 at 07:40, not rerun in that call), so D 96 stays on recompute. With the 128-row
+#      query tiles at D 64 (H100 2026-12-07 14:32): ordered 303 / 321 against the default form's 413 / 377.
 # Tests switch it through ``DET`` (module attribute) or the ``det=`` argument of flash_attn_bwd.
 DET_KERNELS = ("auto", "recompute", "ordered")
 AUTO_ORDERED_DIMS = (64, 128)

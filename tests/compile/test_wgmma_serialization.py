@@ -31,11 +31,13 @@ KERNELS = {
                                "True)",
     "flash_bwd_ordered": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 128, True, True, "
                          "ordered=True); m.compile_variant('float16', 64, True, True, ordered=True)",
-    # the knobs' other settings (bench/ab_flash_bwd.py): a 3-deep ring with dS double-buffered in mode 2, mode 2 at
-    # D 64 outside the ordered form, the column stats read ahead at D 64 (and read where used at D 128), the ordered
-    # form's first turn pass, its mode 1 at D 64, its tiles without the early S^T / dP^T
+    # the knobs' other settings (bench/ab_flash_bwd.py), with the 64-row tiles at D 64 (BM128_DIMS = 0; a 3-deep
+    # ring and dS double-buffered do not fit with the 128-row ones): a 3-deep ring with dS double-buffered in mode 2,
+    # mode 2 at D 64 outside the ordered form, the column stats read ahead at D 64 (and read where used at D 128),
+    # the ordered form's first turn pass, its mode 1 at D 64, its tiles without the early S^T / dP^T
     "flash_bwd_knobs": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                       "import FlashBwdSm90Fast as K; K.STAGES = 3; K.DS_STAGES = 2; K.DQ_COLS_DIMS = (64, 128); "
+                       "import FlashBwdSm90Fast as K; K.BM128_DIMS = 0; K.STAGES = 3; K.DS_STAGES = 2; "
+                       "K.DQ_COLS_DIMS = (64, 128); "
                        "K.STAT_AHEAD_DIMS = (64, 96); "
                        "m.compile_variant('bfloat16', 128, True, False, fast=2); "
                        "m.compile_variant('bfloat16', 64, False, False, fast=2); "
@@ -50,12 +52,13 @@ KERNELS = {
                        "m.compile_variant('bfloat16', 128, True, False, fast=2); K.EARLY_RELEASE = 1; "
                        "m.compile_variant('float16', 64, True, True, ordered=True); "
                        "m.compile_variant('bfloat16', 96, False, False, fast=2)",
-    # 128-row query tiles at D 64 (BM128_DIMS, trial knob): both forms, with and without the early S^T / dP^T
-    "flash_bwd_bm128": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
-                       "import FlashBwdSm90Fast as K; K.BM128_DIMS = (64,); "
-                       "m.compile_variant('bfloat16', 64, True, False, fast=2); "
-                       "m.compile_variant('float16', 64, True, True, ordered=True); K.EARLY_SDP_DIMS = (64,); "
-                       "m.compile_variant('bfloat16', 64, False, False, fast=2)",
+    # the 64-row query tiles at D 64 (BM128_DIMS = 0; the 128-row ones are the default): both forms, with and
+    # without the early S^T / dP^T
+    "flash_bwd_bm64": "from ops.flash_attention import bwd as m; from ops.flash_attention.backward_fast_sm90 "
+                      "import FlashBwdSm90Fast as K; K.BM128_DIMS = 0; "
+                      "m.compile_variant('bfloat16', 64, True, False, fast=2); "
+                      "m.compile_variant('float16', 64, True, True, ordered=True); K.EARLY_SDP_DIMS = (64,); "
+                      "m.compile_variant('bfloat16', 64, False, False, fast=2)",
     "flash_bwd_wide": "from ops.flash_attention import bwd as m; m.compile_variant('bfloat16', 192, False, False, "
                       "v_head_dim=128)",
     "indexer_fwd": "from ops.dsa.indexer import fwd as m; m.compile_variant(m.variant_key(128, 64, 'float32', False, "
