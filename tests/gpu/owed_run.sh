@@ -23,9 +23,15 @@
 # wip/fwd-fold-poly, one call of 61 s after 1.4 ks of failed starts): the forward's softmax with a positive scale
 # folded into the exponent's fma, A/B 1.02-1.04x, and its test_flash_fwd (152 of 176 failed on a shadowed name in the
 # epilogue, fixed on the branch since, not yet run). That branch carries the fwd_ab / fwd_trial steps; its owed call
-# is in its own copy of this header (the carried store holds its forward variants since 13:20). Owed next on main:
-#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560;
-#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46 and 10:24).
+# is in its own copy of this header. 2026-12-07 14:32-14:50 (H100, four calls on branch wip/device-1207b = the fold
+# branch + the 128-row D 64 backward as a knob; perf/device_2026-12-07T1432_h100.txt): the knob 1.13-1.34x, its
+# test_flash_bwd -k "fast2 or ordered" and sanitize_bwd memcheck clean (racecheck cut before its summary, no hazard
+# in its D 64 configurations): made main's default; the whole suite 11 of 12 files (test_flash_fwd: the fold failed
+# test_large_logits, fixed on the fold branch since, CPU only); all 20 sanitizer runs clean. Owed next on main:
+#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=560
+#      (the D 64 backward's default kernels ran as that knob set on the H100; sanitize_bwd's racecheck of them
+#      has no summary line yet);
+#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46, 10:24 and 14:32).
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
