@@ -47,16 +47,36 @@ def test_ordered_modes(varlen):
 
 def test_fast_schedule_knobs_per_form():
     """The measured per-form choices (H100 2026-12-07, docs/performance.md): the ordered form runs a tile's dQ
-    epilogue under the next tile's S^T / dP^T at D 64 / 96 / 128, the default form does not; the column stats are read
-    ahead at D 128 only; every variant with the early S^T / dP^T has one dQ chunk."""
+    epilogue under the next tile's S^T / dP^T at D 64 / 96 / 128, the default form only at D 64 (its 128-row query
+    tiles, which always do); the column stats are read ahead at D 128 only; every variant with the early S^T / dP^T
+    has one dQ chunk; D 64 runs 128-row query tiles with dQ split by rows in both forms, whatever mode is asked."""
     import cutlass
     from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast
     for d in (64, 96, 128):
         for ordered in (False, True):
             for dq_cols in (False, True):
                 k = FlashBwdSm90Fast(cutlass.BFloat16, d, False, dq_cols, ordered)
-                assert k.early_sdp == (ordered and k.nsplit == 1), (d, ordered, dq_cols)
+                assert k.early_sdp == ((ordered or d == 64) and k.nsplit == 1), (d, ordered, dq_cols)
                 assert k.stat_ahead == (d == 128), (d, ordered, dq_cols)
+                assert (k.bm, k.dq_rows) == ((128, True) if d == 64 else (64, False)), (d, ordered, dq_cols)
+                assert not (k.dq_rows and k.dq_cols)
         # the ordered variants the seam compiles (mode 2 where ORDERED_DQ_COLS_DIMS says) all take it
         k = FlashBwdSm90Fast(cutlass.BFloat16, d, False, d in FlashBwdSm90Fast.dq_cols_dims(True), True)
         assert k.early_sdp and k.nsplit == 1, d
+
+
+def test_query_tile_knob_checks(monkeypatch):
+    """BM128_DIMS takes head_dim 64 only (the S^T, dP^T, dK, dV accumulators of wider heads do not fit in 240
+    registers), and a knob set past sm90's shared memory is refused before any compile, both with a ValueError."""
+    import cutlass
+    from ops.flash_attention.backward_fast_sm90 import FlashBwdSm90Fast
+    monkeypatch.setattr(FlashBwdSm90Fast, "BM128_DIMS", (64, 96))
+    with pytest.raises(ValueError, match="head_dim 64"):
+        FlashBwdSm90Fast(cutlass.BFloat16, 96, False, False, False)
+    monkeypatch.setattr(FlashBwdSm90Fast, "BM128_DIMS", (64,))
+    monkeypatch.setattr(FlashBwdSm90Fast, "STAGES", 3)
+    monkeypatch.setattr(FlashBwdSm90Fast, "DS_STAGES", 2)
+    with pytest.raises(ValueError, match="shared memory"):
+        FlashBwdSm90Fast(cutlass.BFloat16, 64, False, False, True)
+    monkeypatch.setattr(FlashBwdSm90Fast, "BM128_DIMS", 0)   # the 64-row form fits there
+    assert FlashBwdSm90Fast(cutlass.BFloat16, 64, False, False, True).bm == 64
