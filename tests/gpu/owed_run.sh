@@ -33,7 +33,8 @@
 #      has no summary line yet);
 #   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46, 10:24 and 14:32);
 #   3) a 3-deep (Q, dO) ring with the D 64 128-row tiles (fits with one dS buffer, outside the ordered form):
-#      FLASH_AB_SETS=STAGES=3 FLASH_AB_KNOBS=STAGES=3 FLASH_AB_DIMS=64 STEPS=flash_trial.
+#      FLASH_AB_SETS=STAGES=3,DS_STAGES=1 FLASH_AB_KNOBS=STAGES=3,DS_STAGES=1 FLASH_AB_DIMS=64 STEPS=flash_trial
+#      (DS_STAGES=1: the ordered form's double-buffered dS does not fit beside three stages).
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
