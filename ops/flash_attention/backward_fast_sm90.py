@@ -428,17 +428,13 @@ class FlashBwdSm90Fast(FlashBwdSm90):
 
     @cute.jit
     def _sdp_issue(self, mma_sdp: cute.TiledMma, mma_sdp_z: cute.TiledMma, acc_S: cute.Tensor, acc_dP: cute.Tensor,
-                   tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor, tPrdO: cute.Tensor, stage,
-                   s: cutlass.Constexpr = True, dp: cutlass.Constexpr = True):
-        """Groups [S^T = K_w Q^T] (s), [dP^T = V_w dO^T] (dp) of the (Q, dO) tile in ring stage `stage` (full)."""
+                   tSrK: cute.Tensor, tSrQ: cute.Tensor, tPrV: cute.Tensor, tPrdO: cute.Tensor, stage):
+        """Groups [S^T = K_w Q^T], [dP^T = V_w dO^T] of the (Q, dO) tile in ring stage `stage` (full)."""
         wg.fence()
-        if cutlass.const_expr(s):
-            for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-                cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb],
-                          tSrQ[None, None, kb, stage], acc_S)
-            wg.commit_group()
-        if cutlass.const_expr(not dp):
-            return
+        for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+            cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_S, tSrK[None, None, kb], tSrQ[None, None, kb, stage],
+                      acc_S)
+        wg.commit_group()
         for kb in cutlass.range_constexpr(cute.size(tPrV, mode=[2])):
             cute.gemm(mma_sdp_z if kb == 0 else mma_sdp, acc_dP, tPrV[None, None, kb],
                       tPrdO[None, None, kb, stage], acc_dP)
