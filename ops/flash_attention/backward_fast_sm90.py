@@ -114,7 +114,8 @@ trial of 07:20 (the earlier form, S = Q K_w^T with P stored for an SS dV, was de
 kept kernels byte-identical before and after). The final defaults (e2b6916: the column stats ahead at D 128, the
 ordered form's early S^T / dP^T) at 10:24 (perf/flash_early_2026-12-07T1022_h100.txt): test_flash_bwd 238 passed,
 sanitize_bwd racecheck 0 hazards, memcheck 0 errors; B2 H16 S8K bf16 TFLOP/s non-causal / causal: D 128 507 / 458
-(ordered 403 / 370), D 64 333 / 338 (ordered 253 / 241). ptxas: 168 registers at launch, consumers raised to 240 by
+(ordered 403 / 370), D 64 333 / 338 (ordered 253 / 241); since 14:32 D 64 runs 128-row query tiles (BM128_DIMS below:
+413 / 377, ordered 303 / 321). ptxas: 168 registers at launch, consumers raised to 240 by
 setmaxnreg; spills D 128 mode 2 60 B, ordered none, D 64 / 96 none; no wgmma serialization
 (tests/compile/test_wgmma_serialization.py).
 """
