@@ -1,13 +1,22 @@
 """Online softmax in base 2 over a wgmma accumulator (CuTe DSL device helpers).
 
-Math. For a row with scores s_j (fp32, straight from Q K^T) and scale c = softmax_scale * log2(e):
+Math. For a row with scores s_j (fp32, straight from Q K^T) and scale c = softmax_scale * log2(e), the state is
+kept in scaled units (base-2 logits):
 
-    t_j = c * s_j                          (scaled once in fp32; Q is never pre-scaled or rounded)
-    m   = max_j t_j over the blocks seen so far       (monotonic: m_new = max(m_old, block max))
-    P_j = 2^(t_j - m~),  m~ = 0 if m == -inf else m    (so a fully masked block/row never computes -inf - -inf)
+    m   = max_j c s_j over the blocks seen so far   (monotonic: m_new = max(m_old, block max))
+    P_j = 2^(c s_j - m~),  m~ = 0 if m == -inf else m    (so a fully masked block/row never computes -inf - -inf)
     l   = l * 2^(m_old - m~) + sum_j P_j,   O = O * 2^(m_old - m~) + P V      (2^(-inf - x) = 0 for the first block)
     end:  out = O / l,  lse = ln(2) * (m + log2(l));   l == 0 (row saw no key): out = 0, lse = -inf;
           a NaN l (NaN logit) stays NaN in out and lse
+
+Folded scale (fold_factors). For c > 0 the scores stay raw: the block max is taken over s and scaled once,
+m_blk = rn(c max s) (= max rn(c s), c > 0 being monotone), and each exponent is one fma, P_j = 2^(fma(s_j, c, -m~)):
+one multiply a score fewer than scaling every score first. m~ is relative to the exact c max s only up to its own
+rounding, so the row max's term is 2^(c M - rn(c M)), within 2^(+-ulp(m)/2). Every P_j, l and lse use the same m~,
+so the result is otherwise exact; the drift is harmless while |m~| < FOLD_LIMIT = 2^22 (ulp <= 1/2: the largest P is
+at most 2^(1/4)). A row whose |m~| reaches FOLD_LIMIT (logits of ~3e6 and more) has its scores scaled first in a
+branch only such rows take, so its largest P is exactly 1 as in the unfolded form. c <= 0 or NaN: the caller scales
+every score first (prescale = c; a max over raw scores would be a min), and the step runs with multiplier 1.
 
 A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
 max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
@@ -20,6 +29,7 @@ from cutlass import Float32
 
 LN2 = math.log(2.0)
 LOG2E = math.log2(math.e)
+FOLD_LIMIT = 2.0 ** 22      # |m~| from which a row's scores are scaled before the exponent (module docstring)
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
@@ -60,6 +70,24 @@ def softmax_state(rows: int = 2):
 
 
 @cute.jit
+def fold_factors(scale_log2: Float32):
+    """(prescale, mult) for a CTA's scale c: c > 0 folds (prescale 1, mult c), else the scores are scaled first
+    (prescale c, mult 1). Uniform over the CTA."""
+    fold = scale_log2 > Float32(0.0)
+    prescale = Float32(cutlass.select_(fold, Float32(1.0), scale_log2))
+    mult = Float32(cutlass.select_(fold, scale_log2, Float32(1.0)))
+    return prescale, mult
+
+
+@cute.jit
+def prescale_scores(s_mn: cute.Tensor, prescale: Float32):
+    """The unfolded form's t = c * s (prescale from fold_factors; 1 when the scale is folded: nothing to do).
+    Call before masking, so -inf never meets a multiply, whatever the sign of c."""
+    if prescale != Float32(1.0):
+        scale_scores(s_mn, prescale)
+
+
+@cute.jit
 def scale_scores(s_mn: cute.Tensor, scale_log2: Float32):
     """t = c * s in place (before masking, so -inf never meets a multiply, whatever the sign of c)."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -68,11 +96,12 @@ def scale_scores(s_mn: cute.Tensor, scale_log2: Float32):
 
 
 @cute.jit
-def online_softmax_update(s_mn: cute.Tensor, o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor):
-    """Scaled, masked scores -> unnormalised P (in place); update (row_max, row_sum); rescale O's view
-    (online_softmax_step, then rescale_rows)."""
+def online_softmax_update(s_mn: cute.Tensor, o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                          mult: Float32):
+    """Masked scores (raw with mult = c, or prescaled with mult = 1: fold_factors) -> unnormalised P (in place);
+    update (row_max, row_sum); rescale O's view (online_softmax_step, then rescale_rows)."""
     corr = cute.make_rmem_tensor((cute.size(s_mn, mode=[0]),), Float32)
-    online_softmax_step(s_mn, row_max, row_sum, corr)
+    online_softmax_step(s_mn, row_max, row_sum, corr, mult)
     rescale_rows(o_mn, corr)
 
 
@@ -92,22 +121,28 @@ def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cu
 
 
 @cute.jit
-def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor):
+def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
+                        mult: Float32):
     """Like online_softmax_update, but leaves O alone: corr[r] = 2^(m_old - m~) for a later rescale_rows(O, corr)
-    (lets the caller overlap this with the previous P V wgmma still in flight)."""
+    (lets the caller overlap this with the previous P V wgmma still in flight). mult: fold_factors' multiplier."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_blk = s_mn[r, 0]
         for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
             m_blk = cute.arch.fmax(m_blk, s_mn[r, c])
-        m_blk = quad_max(m_blk)
+        m_blk = quad_max(m_blk) * mult                  # rn(c max s): -inf stays -inf (mult > 0)
         m_old = row_max[r]
         m_new = cute.arch.fmax(m_old, m_blk)
         m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
         corr[r] = cute.math.exp2(m_old - m_use, fastmath=True)
         row_max[r] = m_new
+        a = mult
+        if cute.arch.fmax(m_use, -m_use) >= Float32(FOLD_LIMIT):   # huge logits: scale first (module docstring)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                s_mn[r, c] = s_mn[r, c] * mult
+            a = Float32(1.0)
         part = Float32(0.0)
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            p = cute.math.exp2(s_mn[r, c] - m_use, fastmath=True)
+            p = cute.math.exp2(cute.math.fma(s_mn[r, c], a, -m_use), fastmath=True)
             s_mn[r, c] = p
             part = part + p
         row_sum[r] = row_sum[r] * corr[r] + part

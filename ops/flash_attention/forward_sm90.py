@@ -3,11 +3,13 @@
 Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_scale * log2(e)):
 
     S_ij = q_i . k_j                         fp32 wgmma accumulator (bf16/fp16 inputs, never pre-scaled)
-    t_ij = c * S_ij, masked to -inf where key j is invisible (ops.common.mask)
-    m_i  = max_j t_ij (running, monotonic),  P_ij = 2^(t_ij - m_i)  (rounded to the input dtype for P V)
+    masked to -inf where key j is invisible (ops.common.mask)
+    m_i  = rn(c max_j S_ij) (running, monotonic)
+    P_ij = 2^(fma(S_ij, c, -m_i))            (rounded to the input dtype for P V)
     l_i  = sum_j P_ij (fp32, unrounded),     O_i = sum_j P_ij v_j / l_i
     lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
-(online form and the -inf guards: ops.common.softmax).
+(online form, the -inf guards, and why the scale folds into the exponent's fma only for c > 0 and |m_i| < 2^22,
+the scores being scaled first otherwise: ops.common.softmax).
 
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
 MHA form, (192, 192), (256, 256)); out has Dv columns.
@@ -19,8 +21,9 @@ mask, else 128) = one producer and BM / 64 consumer warpgroups (384 or 512 threa
     ``stages``-deep ring guarded by two PipelineTmaAsync pipelines (full = TMA transaction bytes, empty = 4 x BM / 64
     consumer warps).
   - warpgroups 1.. (consumers): each owns 64 of the BM rows (the tiled MMA has BM / 64 atoms along M).
-    Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> scale, mask (only on blocks that need it),
-    online softmax -> P in registers converted to the input dtype -> O += P V_n (wgmma RS, 64 x Dv x 16 atoms).
+    Per key block: S = Q K_n^T (wgmma SS, 64 x BN x 16 atoms) -> mask (only on blocks that need it),
+    online softmax (scale folded) -> P in registers converted to the input dtype -> O += P V_n (wgmma RS,
+    64 x Dv x 16 atoms).
     Epilogue: O / l written straight from registers to global memory with a row predicate (so varlen
     segments never write past their end), lse by one lane per quad.
   BN and the ring's stages per (D, Dv): TILES below (BN 128 up to (192, 128), 64 for (192, 192) and (256, 256)).
@@ -58,8 +61,8 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common import mask as mask_lib
-from ..common.softmax import (acc_mn_view, online_softmax_finalize, online_softmax_step, online_softmax_update,
-                              p_operand_view, rescale_rows, scale_scores, softmax_state)
+from ..common.softmax import (acc_mn_view, fold_factors, online_softmax_finalize, online_softmax_step,
+                              online_softmax_update, p_operand_view, prescale_scores, rescale_rows, softmax_state)
 
 from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
@@ -79,9 +82,11 @@ TILES = {
 }
 
 
-def smem_bytes(head_dim, v_head_dim):
-    """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below)."""
-    bn, stages = TILES[(head_dim, v_head_dim)]
+def smem_bytes(head_dim, v_head_dim, bn=None, stages=None):
+    """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below); bn / stages
+    default to the pair's TILES entry."""
+    t_bn, t_stages = TILES[(head_dim, v_head_dim)]
+    bn, stages = bn or t_bn, stages or t_stages
     up = lambda x: -(-x // 1024) * 1024  # noqa: E731
     bm = max(fwd_block_m(head_dim, v_head_dim, b) for b in (False, True))
     return up(up(up(8 * (4 * stages + 1)) + bm * head_dim * 2) + stages * bn * head_dim * 2) + \
@@ -90,6 +95,14 @@ def smem_bytes(head_dim, v_head_dim):
 
 class FlashFwdSm90:
     """One compiled forward variant: (dtype, (head_dim, v_head_dim), bounded mask?, varlen?)."""
+
+    # Knob (class attribute, read while tracing; timed by bench/ab_flash_fwd.py --knobs): FOLD folds a positive
+    # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
+    # before 2026-12-07.
+    FOLD = True
+    # WIDE_BN "D:BN:D:BN..." (pairs; 0 = none): the key block of the unmasked D = Dv variants at those D, instead of
+    # TILES' BN (longer key blocks amortise the per-block softmax bookkeeping and barriers over more keys).
+    WIDE_BN = 0
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -104,7 +117,12 @@ class FlashFwdSm90:
         # setmaxnreg: producer 24, consumers 240 (2) or 160 (3): 24 + wgs x regs <= 512 (64 K registers / 128)
         self.consumer_regs = 240 if self.wgs == 2 else 160
         self.BN, self.stages = TILES[(head_dim, v_head_dim)]
-        assert smem_bytes(head_dim, v_head_dim) <= SMEM_BYTES
+        wide = self.WIDE_BN if isinstance(self.WIDE_BN, tuple) else ()
+        wide = dict(zip(wide[::2], wide[1::2]))
+        if not bounded and head_dim == v_head_dim and head_dim in wide:
+            self.BN = wide[head_dim]
+            assert self.BN % 16 == 0 and 64 <= self.BN <= 256, self.BN
+        assert smem_bytes(head_dim, v_head_dim, self.BN, self.stages) <= SMEM_BYTES
         self.bounded = bounded
         self.varlen = varlen
         # overlap: issue Q K_{n+1}^T and P_n V_n back to back and run softmax(n+1) while P_n V_n is in flight
@@ -333,6 +351,9 @@ class FlashFwdSm90:
             qk_mma.set(warpgroup.Field.ACCUMULATE, False)
             qk_mma_acc.set(warpgroup.Field.ACCUMULATE, True)
             row_max, row_sum = softmax_state(2)
+            prescale, mult = scale_log2, Float32(1.0)
+            if cutlass.const_expr(self.FOLD):
+                prescale, mult = fold_factors(scale_log2)
             cute.arch.mbarrier_wait(q_bar, 0)
             if cutlass.const_expr(not self.overlap):
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -345,9 +366,9 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(st)
                     s_mn = acc_mn_view(acc_s)
-                    self.prep_scores(s_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
+                    self.prep_scores(s_mn, c_mn, prescale, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                      win_right)
-                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum, mult)
                     tOrP = self.p_to_operand(acc_s)
                     pipe_v.consumer_wait(st)
                     warpgroup.fence()
@@ -375,9 +396,9 @@ class FlashFwdSm90:
                     pipe_k.consumer_release(st_k)
                     st_k.advance()
                     s_mn = acc_mn_view(acc_s)
-                    self.prep_scores(s_mn, c_mn, scale_log2, m_start, n_lo * BN, seqlen_q, seqlen_k, win_left,
+                    self.prep_scores(s_mn, c_mn, prescale, m_start, n_lo * BN, seqlen_q, seqlen_k, win_left,
                                      win_right)
-                    online_softmax_update(s_mn, o_mn, row_max, row_sum)
+                    online_softmax_update(s_mn, o_mn, row_max, row_sum, mult)
                     rP = cute.make_rmem_tensor(acc_s.layout, dt)
                     rP.store(acc_s.load().to(dt))
                     tOrP = self.p_view(rP)
@@ -397,9 +418,9 @@ class FlashFwdSm90:
                         pipe_k.consumer_release(st_k)
                         st_k.advance()
                         s2_mn = acc_mn_view(acc_s2)
-                        self.prep_scores(s2_mn, c_mn, scale_log2, m_start, n * BN, seqlen_q, seqlen_k, win_left,
+                        self.prep_scores(s2_mn, c_mn, prescale, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                          win_right)
-                        online_softmax_step(s2_mn, row_max, row_sum, corr)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult)
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
@@ -459,10 +480,11 @@ class FlashFwdSm90:
             cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_o)
 
     @cute.jit
-    def prep_scores(self, s_mn, c_mn, scale_log2: Float32, m_start: Int32, n_start: Int32, seqlen_q: Int32,
+    def prep_scores(self, s_mn, c_mn, prescale: Float32, m_start: Int32, n_start: Int32, seqlen_q: Int32,
                     seqlen_k: Int32, win_left: Int32, win_right: Int32):
-        """t = c * S, then -inf where invisible (only on blocks that can hold an invisible entry)."""
-        scale_scores(s_mn, scale_log2)
+        """S scaled first only when the scale is not folded (prescale != 1: ops.common.softmax.fold_factors), then
+        -inf where invisible (only on blocks that can hold an invisible entry)."""
+        prescale_scores(s_mn, prescale)
         if mask_lib.block_needs_mask(m_start, self.BM, n_start, self.BN, seqlen_q, seqlen_k, win_left, win_right,
                                      self.bounded):
             mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,

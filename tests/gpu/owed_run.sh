@@ -11,7 +11,9 @@
 # against FA4: bench/flash_attention.py, the GQA / varlen rows, the deterministic backward), flash_dims (the head dims
 # 96, 192 / 128, 192, 256 against FA4) and ncu_flash
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
-# knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS).
+# knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS);
+# fwd_ab (bench/ab_flash_fwd.py --knobs FWD_AB_KNOBS, default FOLD=0: the forward's folded scale against the old form;
+# then test_flash_fwd under each FWD_TEST_KNOBS set).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 09:30-10:32, five calls on one H100 (no kind named; no H200 came): 09:30 the STAT_AHEAD trial
 # (STEPS=flash_trial), then on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on
@@ -184,6 +186,17 @@ if step "flash-attention benches of the other head dims against FA4" 120 flash_d
   timeout $(($(left) - 5)) python3 bench/flash_attention.py --quick --dims 96,192/128,192,256 --csv "$OUT/z/fa_dims.csv" \
     2>&1 | grep -v -E "Warn|^\s*$" > "$OUT/flash_dims.txt"
   awk '/^# table/{t=1; next} /^# /{t=0} t && /^(fwd|bwd) /' "$OUT/flash_dims.txt"
+fi
+if step "flash forward knob A/B (FOLD=0: the scale multiplied into every score first)" 60 fwd_ab; then
+  timeout $(($(left) - 5)) python3 bench/ab_flash_fwd.py --dims ${FWD_AB_DIMS:-128 96 64} --knobs ${FWD_AB_KNOBS:-FOLD=0} \
+    2>&1 | grep -v Warn > "$OUT/ab_flash_fwd.txt"
+  grep -E "^(#|row|D[0-9])" "$OUT/ab_flash_fwd.txt" | summ
+  for kn in ${FWD_TEST_KNOBS:-}; do   # knob sets to run test_flash_fwd under (FLASH_FWD_KNOBS), spaces between them
+    [ "$(left)" -lt 60 ] && { echo "test_flash_fwd FLASH_FWD_KNOBS=$kn skipped" | summ; continue; }
+    FLASH_FWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider \
+      tests/gpu/test_flash_fwd.py > "$Z/fwd_trial.log" 2>&1
+    echo "test_flash_fwd FLASH_FWD_KNOBS=$kn rc=$? $(tail -1 "$Z/fwd_trial.log")" | summ
+  done
 fi
 if step "flash backward knob trial" 100 flash_trial; then
   # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: the column stats read

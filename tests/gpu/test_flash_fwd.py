@@ -5,6 +5,8 @@ Each case: NaN-poisoned out/lse, kernel vs float64 reference ("exact") from the 
   relRMS(out - exact) <= 2 x relRMS(floor - exact)   (+1e-7 slack for cases where both are ~0)
   |lse - exact| <= 2^-16 max(1, max|S|) on rows that see keys; rows that see no key: out == 0 and lse == -inf exactly
   no NaN/inf anywhere else (every element written).
+FLASH_FWD_KNOBS="NAME=VALUE,..." sets FlashFwdSm90 class knobs first (the knobs on trial, e.g. FOLD=0 or
+WIDE_BN=128:176; ops.common.switches).
 Run: python -m pytest -q tests/gpu/test_flash_fwd.py
 """
 import math
@@ -23,6 +25,12 @@ sys.path.insert(0, HERE)
 
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 from reference import attention_ref, gate_ratio, lse_tol  # noqa: E402
+from ops.common.switches import knob_specs  # noqa: E402
+from ops.flash_attention.forward_sm90 import FlashFwdSm90  # noqa: E402
+
+for _name, _value in knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")).items():   # knobs on trial
+    assert hasattr(FlashFwdSm90, _name), f"FLASH_FWD_KNOBS: no knob {_name}"
+    setattr(FlashFwdSm90, _name, _value)
 
 DEV = "cuda"
 BF16, F16 = torch.bfloat16, torch.float16
@@ -167,6 +175,23 @@ def test_large_logits():
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert (out.float() == 133120.0).all()
+
+
+@pytest.mark.parametrize("A", [1448.0, 2048.0])     # c A^2, scale 1: 3.0e6 (folded), 6.1e6 (scaled first)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_logits_near_fold_limit(A, D, causal):
+    """Logits A^2 + b_i d_j (exact in fp32: b, d integers in [-3, 3]) at scale 1, on both sides of the folded
+    softmax's FOLD_LIMIT (ops/common/softmax.py): the row max's m~ drifts by up to ulp(m~)/2 below the limit, the
+    scores are scaled first above it; both must meet the float64 reference like ordinary logits."""
+    torch.manual_seed(int(A) + D + causal)
+    S, H = 300, 2
+    q, k = torch.zeros(1, S, H, D, device=DEV), torch.zeros(1, S, H, D, device=DEV)
+    q[..., 0], k[..., 0] = A, A
+    q[..., 1] = torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    k[..., 1] = torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    v = rnd(1, S, H, D)
+    check(q.to(BF16), k.to(BF16), v, causal=causal, scale=1.0)
 
 
 # ------------------------------------------------------------------------------------------------ varlen

@@ -1,0 +1,114 @@
+"""CPU model of the flash forward's online softmax with the folded scale (ops/common/softmax.py).
+
+The kernel keeps (m, l) in scaled (base-2) units, takes the block max over the raw scores and forms each exponent
+as one fma, P = 2^(fma(s, c, -m~)); a row whose |m~| reaches FOLD_LIMIT scales its scores first. This mirrors that
+step in numpy float32 (fma emulated exactly in float64: a float32 product is exact there) and checks lse and the
+largest P against float64 over logit offsets from 0 to 1e12, blocks of 128 keys, one block fully masked. A model
+without the FOLD_LIMIT branch must fail the huge-offset cases (the failure the GPU test test_large_logits met).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from ops.common.softmax import FOLD_LIMIT
+
+F32 = np.float32
+LOG2E = math.log2(math.e)
+
+
+def fma32(a, b, c):
+    """rn32(a * b + c) for float32 a, b, c: the product is exact in float64, the sum rounds once to float64 and
+    then to float32 (a double rounding only on exact ties, far rarer than this test can see)."""
+    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(F32)
+
+
+def folded_softmax(s_blocks, c, limit=FOLD_LIMIT):
+    """Rows of raw float32 scores in key blocks (-inf = masked) -> (lse, largest P) as the kernel forms them."""
+    rows = s_blocks[0].shape[0]
+    m = np.full(rows, -np.inf, F32)
+    l = np.zeros(rows, F32)
+    p_max = np.zeros(rows, F32)
+    c = F32(c)
+    for s in s_blocks:
+        s = s.astype(F32)
+        m_blk = (s.max(axis=1) * c).astype(F32)                   # rn(c max s)
+        m_new = np.maximum(m, m_blk)
+        m_use = np.where(m_new == -np.inf, F32(0), m_new).astype(F32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            corr = np.exp2((m - m_use).astype(F32)).astype(F32)
+        m = m_new
+        big = np.abs(m_use) >= limit
+        with np.errstate(invalid="ignore", over="ignore"):
+            x_fold = fma32(s, c, -m_use[:, None])
+            x_big = ((s * c).astype(F32) - m_use[:, None]).astype(F32)
+            p = np.exp2(np.where(big[:, None], x_big, x_fold)).astype(F32)
+        p_max = np.maximum(p_max * corr, p.max(axis=1))
+        l = (l * corr + p.sum(axis=1, dtype=F32)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = ((m + np.log2(l)) * F32(math.log(2.0))).astype(F32)
+    return lse, p_max
+
+
+def exact_lse(s_blocks, scale):
+    s = np.concatenate(s_blocks, axis=1).astype(np.float64) * scale
+    mx = s.max(axis=1, keepdims=True)
+    return (mx[:, 0] + np.log(np.exp(s - mx).sum(axis=1)))
+
+
+def case(offset, spread, seed, rows=64, blocks=4, bn=128):
+    rng = np.random.default_rng(seed)
+    s = (offset + spread * rng.standard_normal((rows, blocks * bn))).astype(F32)
+    s[:, bn:2 * bn] = -np.inf                                     # one fully masked block
+    s[0, :] = F32(offset)                                         # one row of equal logits (uniform softmax)
+    return [s[:, i * bn:(i + 1) * bn] for i in range(blocks)]
+
+
+OFFSETS = [0.0, 1e3, 1e5, 2.8e6, 3.0e6, 1e7, -3e6, 1.1e12]          # c * 3e6 crosses FOLD_LIMIT at scale 1
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("scale", [0.125, 1.0])
+def test_folded_lse_and_largest_p(offset, scale):
+    blocks = case(offset, 8.0, seed=int(abs(offset)) % 1000 + 7)
+    lse, p_max = folded_softmax(blocks, scale * LOG2E)
+    ex = exact_lse(blocks, scale)
+    assert np.isfinite(lse).all()
+    # the float32 lse itself rounds at 2^-24 relative; the scores' own float32 rounding at |offset| adds ulp(s)/2
+    tol = 4 * 2.0 ** -24 * np.maximum(1.0, np.abs(ex)) + 0.5 * scale * np.spacing(F32(abs(offset) + 64))
+    assert np.all(np.abs(lse - ex) <= tol), float(np.max(np.abs(lse - ex) - tol))
+    # the largest P: 1 up to the rounding of m~ (2^(ulp/2) with ulp <= 1/2 under the limit), exactly 1 above it
+    assert np.all(p_max <= 2.0 ** 0.25) and np.all(p_max >= 2.0 ** -0.25)
+
+
+def test_huge_logits_row_exact():
+    """test_large_logits' row: 64 equal logits of 133120^2 * 64 at scale 0.125: l must be 64, P exactly 1."""
+    s = np.full((2, 64), F32(133120.0) ** 2 * 64, F32)
+    lse, p_max = folded_softmax([s], 0.125 * LOG2E)
+    assert np.all(p_max == 1.0)
+    assert np.allclose(lse, exact_lse([s], 0.125), rtol=2e-7)
+
+
+@pytest.mark.parametrize("offset", [1e7, 1.1e12])
+def test_without_fold_limit_fails(offset):
+    """The model can fail: with the FOLD_LIMIT branch removed, the huge offsets overflow or drift (the GPU failure
+    of 2026-12-07 14:50)."""
+    blocks = case(offset, 8.0, seed=3)
+    lse, p_max = folded_softmax(blocks, 1.0 * LOG2E, limit=np.inf)
+    ex = exact_lse(blocks, 1.0)
+    bad = ~np.isfinite(lse) | (p_max > 2.0 ** 0.25) | (p_max < 2.0 ** -0.25) | \
+        (np.abs(lse - ex) > 1e-6 * np.abs(ex))
+    assert bad.any()
+
+
+def test_nonpositive_scale_is_not_folded():
+    """c <= 0 is never folded: the max over raw scores would be the min. The kernel prescales; with mult 1 the
+    model is the unfolded form and still matches float64."""
+    blocks = case(0.0, 8.0, seed=11)
+    for scale in (-0.125, 0.0):
+        c = F32(scale * LOG2E)
+        with np.errstate(invalid="ignore"):
+            scaled = [np.where(np.isneginf(b), -np.inf, b * c).astype(F32) for b in blocks]   # masked after scaling
+        lse, _ = folded_softmax(scaled, 1.0)
+        ex = exact_lse(scaled, 1.0 / LOG2E)
+        assert np.allclose(lse, ex, rtol=1e-6, atol=1e-6)
