@@ -2,6 +2,7 @@
 
     PADDLE_DSA_KERNEL_CACHE=/tmp/pdsa_kernels python tests/gpu/prebuild_knob_variants.py [--jobs N]
         [--topk-knobs SPEC ... [--only-topk-knobs]] [--flash-knobs SPEC ... [--only-flash-knobs]]
+        [--fwd-knobs SPEC ...] [--fwd-test-knobs SPEC ...]
 
 prebuild_kernels.py --all stores every variant of the default knobs; a test or bench that sets class knobs traces to
 other keys, which a device call would otherwise compile one by one (test_dsa_sparse_scores.py's test_gather_hints:
@@ -29,7 +30,8 @@ SEAMS = {"indexer": ("ops.dsa.indexer.sparse", "ops.dsa.indexer.sparse_sm90", "S
          "idx_dense_bwd": ("ops.dsa.indexer.dense_bwd", "ops.dsa.indexer.dense_bwd_sm90", "DenseIndexerBwdSm90"),
          "topk": ("ops.dsa.topk.fwd", "ops.dsa.topk.sort_sm90", "SelectionSort"),
          "topk_stream": ("ops.dsa.topk.fwd", "ops.dsa.topk.stream_sm90", "TopkStreamSm90"),
-         "flash_bwd": ("ops.flash_attention.bwd", "ops.flash_attention.backward_fast_sm90", "FlashBwdSm90Fast")}
+         "flash_bwd": ("ops.flash_attention.bwd", "ops.flash_attention.backward_fast_sm90", "FlashBwdSm90Fast"),
+         "flash_fwd": ("ops.flash_attention.fwd", "ops.flash_attention.forward_sm90", "FlashFwdSm90")}
 # test_gather_hints: (kind, key of its BSHD case with topk_length, key of its THD case)
 GATHER_CASES = [("indexer", (128, 64, "float32", False, True), (128, 64, "float32", True, False)),
                 ("attn", (576, 128, False, True), (576, 128, True, False)),
@@ -112,6 +114,16 @@ def flash_knob_jobs(spec):
             for d in (64, 96, 128) for det in (False, True)]
 
 
+def fwd_knob_jobs(spec, every):
+    """owed_run.sh's fwd_ab with FlashFwdSm90 knobs spec: bench/ab_flash_fwd.py's keys (bf16, D 128 / 96 / 64, dense,
+    causal and not); every: all forward keys (test_flash_fwd.py under FWD_TEST_KNOBS)."""
+    from ops.common.switches import knob_specs
+    from ops.flash_attention import fwd
+    keys = fwd.all_variant_keys() if every else [fwd.variant_key("bfloat16", d, b, False) for d in (128, 96, 64)
+                                                 for b in (False, True)]
+    return [("flash_fwd", key, knob_specs(spec)) for key in keys]
+
+
 def one(job):
     kind, key, knobs = job
     import importlib
@@ -138,6 +150,8 @@ def main(a):
     from ops.common.switches import knob_specs
     jobs = [job for sp in a.topk_knobs for job in topk_knob_jobs(sp)]
     jobs += [job for sp in a.flash_knobs for job in flash_knob_jobs(sp)]
+    jobs += [job for sp in a.fwd_knobs for job in fwd_knob_jobs(sp, False)]
+    jobs += [job for sp in a.fwd_test_knobs for job in fwd_knob_jobs(sp, True)]
     if not (a.only_topk_knobs or a.only_flash_knobs):
         jobs += [(kind, key, kn) for kn in gather_hint_knobs() for kind, k1, k2 in GATHER_CASES for key in (k1, k2)]
         jobs += [("indexer", SHAPES_KEY, v) for v in shape_variants()]
@@ -167,5 +181,10 @@ if __name__ == "__main__":
     p.add_argument("--only-topk-knobs", action="store_true", help="only the --topk-knobs (and --flash-knobs) variants")
     p.add_argument("--flash-knobs", nargs="*", default=[], help="FLASH_BWD_KNOBS specs (NAME=VALUE,...): the flash "
                    "backward's mode-2 and ordered keys with those FlashBwdSm90Fast knobs (owed_run.sh's flash_trial)")
-    p.add_argument("--only-flash-knobs", action="store_true", help="only the --flash-knobs (and --topk-knobs) variants")
+    p.add_argument("--fwd-knobs", nargs="*", default=[], help="FlashFwdSm90 knob specs: bench/ab_flash_fwd.py's keys "
+                   "with those knobs (owed_run.sh's fwd_ab)")
+    p.add_argument("--fwd-test-knobs", nargs="*", default=[], help="FLASH_FWD_KNOBS specs: every forward key with "
+                   "those knobs (test_flash_fwd.py under owed_run.sh's FWD_TEST_KNOBS)")
+    p.add_argument("--only-flash-knobs", action="store_true", help="only the --flash-knobs (and --topk-knobs, "
+                   "--fwd-knobs, --fwd-test-knobs) variants")
     sys.exit(main(p.parse_args()))
