@@ -2,7 +2,9 @@
 the defaults against knob sets (--knobs NAME=VALUE,..., ops.common.switches.knob_specs forms) at the bench shape
 B 2, H 16, S 8K, bf16, D 128 / 96 / 64, causal and not, through the seam on the same inputs. The table gives TFLOP/s
 (4 B H S^2 D, half with causal), the ratio, and how far out and lse moved (max |diff| / max |x|; NaN flagged).
-Knob sets timed: FOLD=0 (the scale multiplied into every score before the softmax, the form before 2026-12-07).
+Knob sets timed: FOLD=0 (the scale multiplied into every score before the softmax, the form before 2026-12-07:
+0.92-0.99x on the H100, 2026-12-07 17:05). A knob of longer unmasked key blocks (BN 176 at D 128 and 144 at D 96, as
+FlashAttention-3 picks; 160 at D 128) measured 0.97-0.99x in that call and was removed.
 
 Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 ...]
 """

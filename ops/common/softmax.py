@@ -11,12 +11,15 @@ kept in scaled units (base-2 logits):
 
 Folded scale (fold_factors). For c > 0 the scores stay raw: the block max is taken over s and scaled once,
 m_blk = rn(c max s) (= max rn(c s), c > 0 being monotone), and each exponent is one fma, P_j = 2^(fma(s_j, c, -m~)):
-one multiply a score fewer than scaling every score first. m~ is relative to the exact c max s only up to its own
-rounding, so the row max's term is 2^(c M - rn(c M)), within 2^(+-ulp(m)/2). Every P_j, l and lse use the same m~,
-so the result is otherwise exact; the drift is harmless while |m~| < FOLD_LIMIT = 2^22 (ulp <= 1/2: the largest P is
-at most 2^(1/4)). A row whose |m~| reaches FOLD_LIMIT (logits of ~3e6 and more) has its scores scaled first in a
-branch only such rows take, so its largest P is exactly 1 as in the unfolded form. c <= 0 or NaN: the caller scales
-every score first (prescale = c; a max over raw scores would be a min), and the step runs with multiplier 1.
+one multiply a score fewer than scaling every score first, and one rounding of the exponent instead of two. m~ is the
+exact c max s but for its own rounding e (|e| <= ulp(m~)/2), so the row max's P is 2^e instead of 1; every P_j, l
+and lse use the same m~, so the result is otherwise exact (the exponent's difference is formed exactly by the fma,
+where scaling first rounds c s_j to ulp(c s_j)/2: at logits of millions that alone moves P by up to 2^(1/4)). The
+drift only matters where 2^e could overflow or vanish: below FOLD_LIMIT = 2^28, |e| <= 8, so the largest P lies in
+[2^-8, 2^8]. A row whose |m~| reaches FOLD_LIMIT (logits of ~2e8 and more, where the fp32 scores themselves are
+rounded to 16 or more) has its scores scaled first in a branch only such rows take, so its largest P is exactly 1.
+c <= 0 or NaN: the caller scales every score first (prescale = c; a max over raw scores would be a min), and the
+step runs with multiplier 1.
 
 A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
 max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
@@ -29,7 +32,7 @@ from cutlass import Float32
 
 LN2 = math.log(2.0)
 LOG2E = math.log2(math.e)
-FOLD_LIMIT = 2.0 ** 22      # |m~| from which a row's scores are scaled before the exponent (module docstring)
+FOLD_LIMIT = 2.0 ** 28      # |m~| from which a row's scores are scaled before the exponent (module docstring)
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:

@@ -8,7 +8,7 @@ Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_sc
     P_ij = 2^(fma(S_ij, c, -m_i))            (rounded to the input dtype for P V)
     l_i  = sum_j P_ij (fp32, unrounded),     O_i = sum_j P_ij v_j / l_i
     lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
-(online form, the -inf guards, and why the scale folds into the exponent's fma only for c > 0 and |m_i| < 2^22,
+(online form, the -inf guards, and why the scale folds into the exponent's fma only for c > 0 and |m_i| < 2^28,
 the scores being scaled first otherwise: ops.common.softmax).
 
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
@@ -82,11 +82,9 @@ TILES = {
 }
 
 
-def smem_bytes(head_dim, v_head_dim, bn=None, stages=None):
-    """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below); bn / stages
-    default to the pair's TILES entry."""
-    t_bn, t_stages = TILES[(head_dim, v_head_dim)]
-    bn, stages = bn or t_bn, stages or t_stages
+def smem_bytes(head_dim, v_head_dim):
+    """Shared memory of one CTA: barriers, then Q, K, V each at a 1 KiB boundary (SharedStorage below)."""
+    bn, stages = TILES[(head_dim, v_head_dim)]
     up = lambda x: -(-x // 1024) * 1024  # noqa: E731
     bm = max(fwd_block_m(head_dim, v_head_dim, b) for b in (False, True))
     return up(up(up(8 * (4 * stages + 1)) + bm * head_dim * 2) + stages * bn * head_dim * 2) + \
@@ -100,9 +98,6 @@ class FlashFwdSm90:
     # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
     # before 2026-12-07.
     FOLD = True
-    # WIDE_BN "D:BN:D:BN..." (pairs; 0 = none): the key block of the unmasked D = Dv variants at those D, instead of
-    # TILES' BN (longer key blocks amortise the per-block softmax bookkeeping and barriers over more keys).
-    WIDE_BN = 0
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -117,12 +112,7 @@ class FlashFwdSm90:
         # setmaxnreg: producer 24, consumers 240 (2) or 160 (3): 24 + wgs x regs <= 512 (64 K registers / 128)
         self.consumer_regs = 240 if self.wgs == 2 else 160
         self.BN, self.stages = TILES[(head_dim, v_head_dim)]
-        wide = self.WIDE_BN if isinstance(self.WIDE_BN, tuple) else ()
-        wide = dict(zip(wide[::2], wide[1::2]))
-        if not bounded and head_dim == v_head_dim and head_dim in wide:
-            self.BN = wide[head_dim]
-            assert self.BN % 16 == 0 and 64 <= self.BN <= 256, self.BN
-        assert smem_bytes(head_dim, v_head_dim, self.BN, self.stages) <= SMEM_BYTES
+        assert smem_bytes(head_dim, v_head_dim) <= SMEM_BYTES
         self.bounded = bounded
         self.varlen = varlen
         # overlap: issue Q K_{n+1}^T and P_n V_n back to back and run softmax(n+1) while P_n V_n is in flight

@@ -5,8 +5,8 @@ Each case: NaN-poisoned out/lse, kernel vs float64 reference ("exact") from the 
   relRMS(out - exact) <= 2 x relRMS(floor - exact)   (+1e-7 slack for cases where both are ~0)
   |lse - exact| <= 2^-16 max(1, max|S|) on rows that see keys; rows that see no key: out == 0 and lse == -inf exactly
   no NaN/inf anywhere else (every element written).
-FLASH_FWD_KNOBS="NAME=VALUE,..." sets FlashFwdSm90 class knobs first (the knobs on trial, e.g. FOLD=0 or
-WIDE_BN=128:176; ops.common.switches).
+FLASH_FWD_KNOBS="NAME=VALUE,..." sets FlashFwdSm90 class knobs first (the knobs on trial, e.g. FOLD=0;
+ops.common.switches).
 Run: python -m pytest -q tests/gpu/test_flash_fwd.py
 """
 import math
@@ -177,19 +177,20 @@ def test_large_logits():
     assert (out.float() == 133120.0).all()
 
 
-@pytest.mark.parametrize("A", [1448.0, 2048.0])     # c A^2, scale 1: 3.0e6 (folded), 6.1e6 (scaled first)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-def test_logits_near_fold_limit(A, D, causal):
-    """Logits A^2 + b_i d_j (exact in fp32: b, d integers in [-3, 3]) at scale 1, on both sides of the folded
-    softmax's FOLD_LIMIT (ops/common/softmax.py): the row max's m~ drifts by up to ulp(m~)/2 below the limit, the
-    scores are scaled first above it; both must meet the float64 reference like ordinary logits."""
+@pytest.mark.parametrize("A,step", [(1448.0, 1.0), (2048.0, 1.0), (16384.0, 8.0)])   # c A^2 at scale 1: 3.0e6,
+@pytest.mark.parametrize("D", [64, 128])                                              # 6.1e6 (folded), 3.9e8
+@pytest.mark.parametrize("causal", [False, True])                                     # (over 2^28: scaled first)
+def test_logits_near_fold_limit(A, step, D, causal):
+    """Logits A^2 + b_i d_j (exact in fp32: b, d = step x integers in [-3, 3]) at scale 1, where the scaled row max
+    m is off c max S by up to ulp(m) / 2 (ops/common/softmax.py: the folded exponent keeps every difference exact, where
+    scaling first would round c S to 1/4 at 6e6) and, at 16384, past FOLD_LIMIT, where the scores are scaled first
+    (their spread, 64 c, is far over that rounding there). All must meet the float64 reference like ordinary logits."""
     torch.manual_seed(int(A) + D + causal)
     S, H = 300, 2
     q, k = torch.zeros(1, S, H, D, device=DEV), torch.zeros(1, S, H, D, device=DEV)
     q[..., 0], k[..., 0] = A, A
-    q[..., 1] = torch.randint(-3, 4, (1, S, H), device=DEV).float()
-    k[..., 1] = torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    q[..., 1] = step * torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    k[..., 1] = step * torch.randint(-3, 4, (1, S, H), device=DEV).float()
     v = rnd(1, S, H, D)
     check(q.to(BF16), k.to(BF16), v, causal=causal, scale=1.0)
 
