@@ -6,7 +6,10 @@ Knob sets timed: FOLD=0 (the scale multiplied into every score before the softma
 0.92-0.99x on the H100, 2026-12-07 17:05). A knob of longer unmasked key blocks (BN 176 at D 128 and 144 at D 96, as
 FlashAttention-3 picks; 160 at D 128) measured 0.97-0.99x in that call and was removed.
 
-Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 ...]
+BM64="<unmasked>/<masked>" (each 128 or 192) is a pseudo-knob: the D 64 row tiles of supported.fwd_block_m, the
+table PADDLE_DSA_FWD_BM64 sets at import.
+
+Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 BM64=192/192 ...]
 """
 import argparse
 import os
@@ -19,7 +22,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.common.switches import knob_specs  # noqa: E402
-from ops.flash_attention import fwd as seam  # noqa: E402
+from ops.flash_attention import fwd as seam, supported  # noqa: E402
 from ops.flash_attention.forward_sm90 import FlashFwdSm90 as Kernel  # noqa: E402
 from timing import device_time  # noqa: E402
 
@@ -34,8 +37,10 @@ def main(a):
     sets = [knob_specs(k) for k in a.knobs]
     names = sorted({n for ks in sets for n in ks})
     for name in names:
-        assert hasattr(Kernel, name), f"--knobs: FlashFwdSm90 has no knob {name}"
-    default = {n: getattr(Kernel, n) for n in names}
+        assert name == "BM64" or hasattr(Kernel, name), f"--knobs: FlashFwdSm90 has no knob {name}"
+    supported.fwd_block_m(64, 64, False)           # parses the row-tile table (PADDLE_DSA_FWD_BM64) once
+    bm64 = "%d/%d" % (supported.FWD_BLOCK_M[(64, 64, False)], supported.FWD_BLOCK_M[(64, 64, True)])
+    default = {n: (bm64 if n == "BM64" else getattr(Kernel, n)) for n in names}
     settings = {"default": default, **{k: {**default, **ks} for k, ks in zip(a.knobs, sets)}}
     caches = {s: {} for s in settings}      # the seam's compile cache per setting: each variant compiles once
     print(f"# flash forward knob sets against the defaults, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
@@ -47,7 +52,10 @@ def main(a):
             res = {}
             for s, values in settings.items():
                 for n, val in values.items():
-                    setattr(Kernel, n, val)
+                    if n == "BM64":                 # the D 64 row tiles "<unmasked>/<masked>" (supported.py)
+                        supported.FWD_BLOCK_M = supported._bm64_table(val)
+                    else:
+                        setattr(Kernel, n, val)
                 seam._CACHE = caches[s]
                 out = torch.full_like(q, float("nan"))
                 lse = torch.full((B, H, S), float("nan"), device="cuda")
@@ -63,7 +71,10 @@ def main(a):
                       f"{flops / t1 / 1e12:6.1f} TF {t0 / t1:6.3f}  {rel(o1, o0):.1e} / {rel(l1, l0):.1e}"
                       f"{'  NaN!' if nan else ''}", flush=True)
     for n, val in default.items():
-        setattr(Kernel, n, val)
+        if n == "BM64":
+            supported.FWD_BLOCK_M = supported._bm64_table(val)
+        else:
+            setattr(Kernel, n, val)
     seam._CACHE = caches["default"]
 
 

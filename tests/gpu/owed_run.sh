@@ -13,7 +13,7 @@
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS);
 # fwd_ab (bench/ab_flash_fwd.py --knobs FWD_AB_KNOBS, default FOLD=0: the forward's folded scale against the old form;
-# then test_flash_fwd under each FWD_TEST_KNOBS set).
+# then test_flash_fwd under each FWD_TEST_KNOBS set and test_flash_fwd + sanitize_fwd under each FWD_TEST_ENVS VAR=VALUE).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 09:30-10:32, five calls on one H100 (no kind named; no H200 came): 09:30 the STAT_AHEAD trial
 # (STEPS=flash_trial), then on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on
@@ -191,6 +191,18 @@ if step "flash forward knob A/B (FOLD=0: the scale multiplied into every score f
   timeout $(($(left) - 5)) python3 bench/ab_flash_fwd.py --dims ${FWD_AB_DIMS:-128 96 64} --knobs ${FWD_AB_KNOBS:-FOLD=0} \
     2>&1 | grep -v Warn > "$OUT/ab_flash_fwd.txt"
   grep -E "^(#|row|D[0-9])" "$OUT/ab_flash_fwd.txt" | summ
+  for e in ${FWD_TEST_ENVS:-}; do   # environments (VAR=VALUE) to run test_flash_fwd and sanitize_fwd under, e.g.
+    [ "$(left)" -lt 60 ] && { echo "test_flash_fwd $e skipped" | summ; continue; }   # PADDLE_DSA_FWD_BM64=192/192
+    env "$e" timeout $(($(left) - 5)) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_fwd.py \
+      > "$Z/fwd_env.log" 2>&1
+    echo "test_flash_fwd $e rc=$? $(tail -1 "$Z/fwd_env.log")" | summ
+    for tool in racecheck memcheck; do
+      [ "$(left)" -lt 30 ] && { echo "sanitize_fwd $tool $e skipped" | summ; continue; }
+      env "$e" timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_fwd.py \
+        > "$Z/fwd_env_$tool.log" 2>&1
+      echo "sanitize_fwd $tool $e rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$Z/fwd_env_$tool.log" | tail -1)" | summ
+    done
+  done
   for kn in ${FWD_TEST_KNOBS:-}; do   # knob sets to run test_flash_fwd under (FLASH_FWD_KNOBS), spaces between them
     [ "$(left)" -lt 60 ] && { echo "test_flash_fwd FLASH_FWD_KNOBS=$kn skipped" | summ; continue; }
     FLASH_FWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider \
