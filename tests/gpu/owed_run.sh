@@ -30,12 +30,20 @@
 # branch + the 128-row D 64 backward as a knob; perf/device_2026-12-07T1432_h100.txt): the knob 1.13-1.34x, its
 # test_flash_bwd -k "fast2 or ordered" and sanitize_bwd memcheck clean (racecheck cut before its summary, no hazard
 # in its D 64 configurations): made main's default; the whole suite 11 of 12 files (test_flash_fwd: the fold failed
-# test_large_logits, fixed on the fold branch since, CPU only); all 20 sanitizer runs clean. Owed next on main:
-#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=500
-#      (the D 64 backward's default kernels ran as that knob set on the H100; sanitize_bwd's racecheck of them
-#      has no summary line yet);
-#   2) issue 12's tables on the H200 (the H100 ones are in docs/performance.md, 2026-12-07 09:46, 10:24 and 14:32);
-#   3) a 3-deep (Q, dO) ring with the D 64 128-row tiles (fits with one dS buffer, outside the ordered form):
+# test_large_logits, fixed on the fold branch since, CPU only); all 20 sanitizer runs clean. 2026-12-07 17:05 and
+# 17:18 (H100 both, asked nvidia-h200; perf/device_2026-12-07T1705_h100.txt, ..._T1718_h100.txt): the fold written
+# again on main (the branch was lost with the checkout), STEPS="tests sanitize fwd_ab": 11 of 12 files, all 20
+# sanitizer runs clean (sanitize_bwd's racecheck with its summary line: 0 hazards), test_flash_fwd 4 failed at the
+# fold's 2^22 limit (raised to 2^28 since); then STEPS="changed flash_bench fwd_ab" on e98fd9d: test_flash_fwd 183
+# passed, sanitize_fwd clean, FA4 tables, the fold 1.01-1.09x. Owed next:
+#   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=500;
+#   2) on branch wip/fwd-mask (the forward mask's relative bounds: no spill in the 192-row D 64 masked tile), after
+#      rebuilding the store's forward entries and the D 64 masked keys under PADDLE_DSA_FWD_BM64=192/192:
+#      CHANGED_TESTS=tests/gpu/test_flash_fwd.py CHANGED_SANITIZE=tests/gpu/sanitize_fwd.py FWD_AB_KNOBS=BM64=192/192
+#      FWD_AB_DIMS=64 FWD_TEST_ENVS=PADDLE_DSA_FWD_BM64=192/192 STEPS="changed fwd_ab" BUDGET=250; merge if it
+#      passes, and make the masked D 64 tile 192 rows if the A/B says so;
+#   3) issue 12's tables on the H200 (the H100 ones: docs/performance.md, 2026-12-07 17:18);
+#   4) a 3-deep (Q, dO) ring with the D 64 128-row tiles (fits with one dS buffer, outside the ordered form):
 #      FLASH_AB_SETS=STAGES=3,DS_STAGES=1 FLASH_AB_KNOBS=STAGES=3,DS_STAGES=1 FLASH_AB_DIMS=64 STEPS=flash_trial
 #      (DS_STAGES=1: the ordered form's double-buffered dS does not fit beside three stages).
 # The steps of STEPS=all, in order:
