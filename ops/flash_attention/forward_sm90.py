@@ -47,6 +47,9 @@ The 192-row D 64 tile (2026-12-05, H100): tests/gpu/test_flash_fwd.py 171/171 pa
 unmasked (PADDLE_DSA_FWD_BM64=192/192), racecheck and memcheck clean; same-run A/B against the 128-row tile:
 non-causal 428-469 vs 401-442 TFLOP/s at S >= 4096 (+4..8 %), causal 190-426 vs 225-432 (slower; the masked variants
 spill 100-132 B at 160 registers a consumer thread), so only the unmasked D 64 variants take it by default.
+The folded scale (2026-12-07, H100 only, no H200 since): tests/gpu/test_flash_fwd.py 183/183 pass, sanitize_fwd
+racecheck and memcheck clean, 1.01-1.09x against FOLD=0 in the same run (D 64 1.09x / 1.05x, D 96 1.04x / 1.06x,
+D 128 1.01x / 1.00x).
 """
 import math
 
