@@ -6,10 +6,10 @@ Knob sets timed: FOLD=0 (the scale multiplied into every score before the softma
 0.92-0.99x on the H100, 2026-12-07 17:05). A knob of longer unmasked key blocks (BN 176 at D 128 and 144 at D 96, as
 FlashAttention-3 picks; 160 at D 128) measured 0.97-0.99x in that call and was removed.
 
-BM64="<unmasked>/<masked>" (each 128 or 192) is a pseudo-knob: the D 64 row tiles of supported.fwd_block_m, the
-table PADDLE_DSA_FWD_BM64 sets at import.
+Knobs are applied by ops.flash_attention.fwd.set_trial_knobs: FlashFwdSm90 class knobs, and BM64="<unmasked>/<masked>"
+(each 128 or 192), the D 64 row tiles of supported.fwd_block_m (the table PADDLE_DSA_FWD_BM64 sets at import).
 
-Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 BM64=192/192 ...]
+Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 MASK_RELATIVE=1,BM64=192/192 ...]
 """
 import argparse
 import os
@@ -22,8 +22,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from ops.common.switches import knob_specs  # noqa: E402
-from ops.flash_attention import fwd as seam, supported  # noqa: E402
-from ops.flash_attention.forward_sm90 import FlashFwdSm90 as Kernel  # noqa: E402
+from ops.flash_attention import fwd as seam  # noqa: E402
 from timing import device_time  # noqa: E402
 
 
@@ -34,47 +33,34 @@ def rel(a, b):
 def main(a):
     B, H, S = 2, 16, 8192
     st = torch.cuda.current_stream().cuda_stream
-    sets = [knob_specs(k) for k in a.knobs]
-    names = sorted({n for ks in sets for n in ks})
-    for name in names:
-        assert name == "BM64" or hasattr(Kernel, name), f"--knobs: FlashFwdSm90 has no knob {name}"
-    supported.fwd_block_m(64, 64, False)           # parses the row-tile table (PADDLE_DSA_FWD_BM64) once
-    bm64 = "%d/%d" % (supported.FWD_BLOCK_M[(64, 64, False)], supported.FWD_BLOCK_M[(64, 64, True)])
-    default = {n: (bm64 if n == "BM64" else getattr(Kernel, n)) for n in names}
-    settings = {"default": default, **{k: {**default, **ks} for k, ks in zip(a.knobs, sets)}}
+    settings = {"default": {}, **{k: knob_specs(k) for k in a.knobs}}
+    for k, ks in settings.items():          # a bad name fails here, before any timing
+        seam.set_trial_knobs(seam.set_trial_knobs(ks))
     caches = {s: {} for s in settings}      # the seam's compile cache per setting: each variant compiles once
     print(f"# flash forward knob sets against the defaults, {torch.cuda.get_device_name()}, B {B} H {H} S {S} bf16")
-    print(f"{'row':16s} {'knob set':20s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  max|out diff| / max|lse diff| rel")
+    print(f"{'row':16s} {'knob set':28s} {'default':>9s} {'knobs':>9s} {'ratio':>6s}  max|out diff| / max|lse diff| rel")
     for D in a.dims:
         for causal in (False, True):
             g = torch.Generator(device="cuda").manual_seed(D + causal)
             q, k, v = (torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16() for _ in range(3))
             res = {}
             for s, values in settings.items():
-                for n, val in values.items():
-                    if n == "BM64":                 # the D 64 row tiles "<unmasked>/<masked>" (supported.py)
-                        supported.FWD_BLOCK_M = supported._bm64_table(val)
-                    else:
-                        setattr(Kernel, n, val)
+                restore = seam.set_trial_knobs(values)
                 seam._CACHE = caches[s]
                 out = torch.full_like(q, float("nan"))
                 lse = torch.full((B, H, S), float("nan"), device="cuda")
                 t, _ = device_time(lambda: seam.flash_attn_fwd(q, k, v, out, lse, softmax_scale=D ** -0.5,
                                                                causal=causal, window=(-1, -1), stream=st), a.iters)
                 res[s] = (t, out, lse)
+                seam.set_trial_knobs(restore)
             flops = 4 * B * H * S * S * D / (2 if causal else 1)
             t0, o0, l0 = res["default"]
             for k in a.knobs:
                 t1, o1, l1 = res[k]
                 nan = bool(torch.isnan(o1).any() or torch.isnan(l1).any() or torch.isnan(o0).any())
-                print(f"{'D%d %s' % (D, 'causal' if causal else 'full'):16s} {k[:20]:20s} {flops / t0 / 1e12:6.1f} TF "
+                print(f"{'D%d %s' % (D, 'causal' if causal else 'full'):16s} {k[:28]:28s} {flops / t0 / 1e12:6.1f} TF "
                       f"{flops / t1 / 1e12:6.1f} TF {t0 / t1:6.3f}  {rel(o1, o0):.1e} / {rel(l1, l0):.1e}"
                       f"{'  NaN!' if nan else ''}", flush=True)
-    for n, val in default.items():
-        if n == "BM64":
-            supported.FWD_BLOCK_M = supported._bm64_table(val)
-        else:
-            setattr(Kernel, n, val)
     seam._CACHE = caches["default"]
 
 
@@ -83,5 +69,5 @@ if __name__ == "__main__":
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--dims", type=int, nargs="*", default=[128, 96, 64])
     p.add_argument("--knobs", nargs="+", default=["FOLD=0"],
-                   help="knob sets NAME=VALUE,... (FlashFwdSm90 class knobs), each timed against the defaults")
+                   help="knob sets NAME=VALUE,... (set_trial_knobs), each timed against the defaults")
     main(p.parse_args())

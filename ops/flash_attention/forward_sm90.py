@@ -101,6 +101,9 @@ class FlashFwdSm90:
     # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
     # before 2026-12-07.
     FOLD = True
+    # MASK_RELATIVE: the bounded mask compares compile-time column offsets against per-row bounds (ops.common.mask
+    # .apply_mask's relative form): no spill in the 192-row D 64 masked tile (84 B otherwise). CPU only so far.
+    MASK_RELATIVE = False
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -481,7 +484,7 @@ class FlashFwdSm90:
         if mask_lib.block_needs_mask(m_start, self.BM, n_start, self.BN, seqlen_q, seqlen_k, win_left, win_right,
                                      self.bounded):
             mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,
-                                self.bounded)
+                                self.bounded, bool(self.MASK_RELATIVE))
 
     def p_view(self, rP: cute.Tensor) -> cute.Tensor:
         return p_operand_view(rP, self.BN)

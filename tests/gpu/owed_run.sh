@@ -13,7 +13,7 @@
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS);
 # fwd_ab (bench/ab_flash_fwd.py --knobs FWD_AB_KNOBS, default FOLD=0: the forward's folded scale against the old form;
-# then test_flash_fwd under each FWD_TEST_KNOBS set and test_flash_fwd + sanitize_fwd under each FWD_TEST_ENVS VAR=VALUE).
+# then test_flash_fwd and sanitize_fwd under each FWD_TEST_KNOBS set (FLASH_FWD_KNOBS, spaces between sets)).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
 # Last runs: 2026-12-07 09:30-10:32, five calls on one H100 (no kind named; no H200 came): 09:30 the STAT_AHEAD trial
 # (STEPS=flash_trial), then on ba29dbf the whole suite and all 20 sanitizer runs (STEPS="tests sanitize"); 09:44 on
@@ -37,11 +37,12 @@
 # fold's 2^22 limit (raised to 2^28 since); then STEPS="changed flash_bench fwd_ab" on e98fd9d: test_flash_fwd 183
 # passed, sanitize_fwd clean, FA4 tables, the fold 1.01-1.09x. Owed next:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=500;
-#   2) on branch wip/fwd-mask (the forward mask's relative bounds: no spill in the 192-row D 64 masked tile), after
-#      rebuilding the store's forward entries and the D 64 masked keys under PADDLE_DSA_FWD_BM64=192/192:
-#      CHANGED_TESTS=tests/gpu/test_flash_fwd.py CHANGED_SANITIZE=tests/gpu/sanitize_fwd.py FWD_AB_KNOBS=BM64=192/192
-#      FWD_AB_DIMS=64 FWD_TEST_ENVS=PADDLE_DSA_FWD_BM64=192/192 STEPS="changed fwd_ab" BUDGET=250; merge if it
-#      passes, and make the masked D 64 tile 192 rows if the A/B says so;
+#   2) the forward mask's relative bounds (FlashFwdSm90.MASK_RELATIVE, off; no spill in the 192-row D 64 masked
+#      tile) and that tile (BM64=192/192), after prebuild_knob_variants.py --only-flash-knobs --fwd-knobs
+#      MASK_RELATIVE=1 MASK_RELATIVE=1,BM64=192/192 --fwd-test-knobs MASK_RELATIVE=1,BM64=192/192:
+#      CHANGED_TESTS=tests/gpu/test_flash_fwd.py CHANGED_SANITIZE=tests/gpu/sanitize_fwd.py FWD_AB_DIMS="64 128"
+#      FWD_AB_KNOBS="MASK_RELATIVE=1 MASK_RELATIVE=1,BM64=192/192" FWD_TEST_KNOBS=MASK_RELATIVE=1,BM64=192/192
+#      STEPS="changed fwd_ab" BUDGET=300; make them the defaults if the tests pass and the A/B says so;
 #   3) issue 12's tables on the H200 (the H100 ones: docs/performance.md, 2026-12-07 17:18);
 #   4) a 3-deep (Q, dO) ring with the D 64 128-row tiles (fits with one dS buffer, outside the ordered form):
 #      FLASH_AB_SETS=STAGES=3,DS_STAGES=1 FLASH_AB_KNOBS=STAGES=3,DS_STAGES=1 FLASH_AB_DIMS=64 STEPS=flash_trial
@@ -199,23 +200,17 @@ if step "flash forward knob A/B (FOLD=0: the scale multiplied into every score f
   timeout $(($(left) - 5)) python3 bench/ab_flash_fwd.py --dims ${FWD_AB_DIMS:-128 96 64} --knobs ${FWD_AB_KNOBS:-FOLD=0} \
     2>&1 | grep -v Warn > "$OUT/ab_flash_fwd.txt"
   grep -E "^(#|row|D[0-9])" "$OUT/ab_flash_fwd.txt" | summ
-  for e in ${FWD_TEST_ENVS:-}; do   # environments (VAR=VALUE) to run test_flash_fwd and sanitize_fwd under, e.g.
-    [ "$(left)" -lt 60 ] && { echo "test_flash_fwd $e skipped" | summ; continue; }   # PADDLE_DSA_FWD_BM64=192/192
-    env "$e" timeout $(($(left) - 5)) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_fwd.py \
-      > "$Z/fwd_env.log" 2>&1
-    echo "test_flash_fwd $e rc=$? $(tail -1 "$Z/fwd_env.log")" | summ
-    for tool in racecheck memcheck; do
-      [ "$(left)" -lt 30 ] && { echo "sanitize_fwd $tool $e skipped" | summ; continue; }
-      env "$e" timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_fwd.py \
-        > "$Z/fwd_env_$tool.log" 2>&1
-      echo "sanitize_fwd $tool $e rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$Z/fwd_env_$tool.log" | tail -1)" | summ
-    done
-  done
-  for kn in ${FWD_TEST_KNOBS:-}; do   # knob sets to run test_flash_fwd under (FLASH_FWD_KNOBS), spaces between them
+  for kn in ${FWD_TEST_KNOBS:-}; do   # knob sets (FLASH_FWD_KNOBS) to run test_flash_fwd and sanitize_fwd under
     [ "$(left)" -lt 60 ] && { echo "test_flash_fwd FLASH_FWD_KNOBS=$kn skipped" | summ; continue; }
-    FLASH_FWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -x -p no:cacheprovider \
+    FLASH_FWD_KNOBS="$kn" timeout $(($(left) - 5)) python3 -m pytest -q -p no:cacheprovider \
       tests/gpu/test_flash_fwd.py > "$Z/fwd_trial.log" 2>&1
     echo "test_flash_fwd FLASH_FWD_KNOBS=$kn rc=$? $(tail -1 "$Z/fwd_trial.log")" | summ
+    for tool in racecheck memcheck; do
+      [ "$(left)" -lt 30 ] && { echo "sanitize_fwd $tool FLASH_FWD_KNOBS=$kn skipped" | summ; continue; }
+      FLASH_FWD_KNOBS="$kn" timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_fwd.py \
+        > "$Z/fwd_trial_$tool.log" 2>&1
+      echo "sanitize_fwd $tool FLASH_FWD_KNOBS=$kn rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$Z/fwd_trial_$tool.log" | tail -1)" | summ
+    done
   done
 fi
 if step "flash backward knob trial" 100 flash_trial; then

@@ -130,10 +130,13 @@ def one(job):
     seam_name, kmod_name, cls_name = SEAMS[kind]
     seam = importlib.import_module(seam_name)
     cls = getattr(importlib.import_module(kmod_name), cls_name)
-    if all(getattr(cls, n) == v for n, v in knobs.items()):
-        return job, "default"
-    for n, v in knobs.items():
-        setattr(cls, n, v)
+    if kind == "flash_fwd":                                  # FlashFwdSm90 knobs and BM64 (fwd.set_trial_knobs)
+        seam.set_trial_knobs(knobs)
+    else:
+        if all(getattr(cls, n) == v for n, v in knobs.items()):
+            return job, "default"
+        for n, v in knobs.items():
+            setattr(cls, n, v)
     seam._CACHE.clear()
     t = time.time()
     try:
@@ -181,8 +184,8 @@ if __name__ == "__main__":
     p.add_argument("--only-topk-knobs", action="store_true", help="only the --topk-knobs (and --flash-knobs) variants")
     p.add_argument("--flash-knobs", nargs="*", default=[], help="FLASH_BWD_KNOBS specs (NAME=VALUE,...): the flash "
                    "backward's mode-2 and ordered keys with those FlashBwdSm90Fast knobs (owed_run.sh's flash_trial)")
-    p.add_argument("--fwd-knobs", nargs="*", default=[], help="FlashFwdSm90 knob specs: bench/ab_flash_fwd.py's keys "
-                   "with those knobs (owed_run.sh's fwd_ab)")
+    p.add_argument("--fwd-knobs", nargs="*", default=[], help="forward knob specs (fwd.set_trial_knobs: FlashFwdSm90 "
+                   "knobs, BM64): bench/ab_flash_fwd.py's keys with those knobs (owed_run.sh's fwd_ab)")
     p.add_argument("--fwd-test-knobs", nargs="*", default=[], help="FLASH_FWD_KNOBS specs: every forward key with "
                    "those knobs (test_flash_fwd.py under owed_run.sh's FWD_TEST_KNOBS)")
     p.add_argument("--only-flash-knobs", action="store_true", help="only the --flash-knobs (and --topk-knobs, "

@@ -1,5 +1,5 @@
 """Small forward configs (dense causal GQA, varlen; head dims 64 (dense causal; varlen unmasked), 128, 96,
-192 / 128, 256) for compute-sanitizer racecheck / memcheck."""
+192 / 128, 256) for compute-sanitizer racecheck / memcheck. FLASH_FWD_KNOBS (test_flash_fwd.py) applies here too."""
 import math
 import os
 import sys
@@ -10,7 +10,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
+from ops.common.switches import knob_specs  # noqa: E402
+from ops.flash_attention.fwd import flash_attn_fwd, set_trial_knobs  # noqa: E402
+
+set_trial_knobs(knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")))     # knobs on trial, as test_flash_fwd.py
 
 
 def main():

@@ -5,8 +5,8 @@ Each case: NaN-poisoned out/lse, kernel vs float64 reference ("exact") from the 
   relRMS(out - exact) <= 2 x relRMS(floor - exact)   (+1e-7 slack for cases where both are ~0)
   |lse - exact| <= 2^-16 max(1, max|S|) on rows that see keys; rows that see no key: out == 0 and lse == -inf exactly
   no NaN/inf anywhere else (every element written).
-FLASH_FWD_KNOBS="NAME=VALUE,..." sets FlashFwdSm90 class knobs first (the knobs on trial, e.g. FOLD=0;
-ops.common.switches).
+FLASH_FWD_KNOBS="NAME=VALUE,..." sets the knobs on trial first (ops.flash_attention.fwd.set_trial_knobs: FlashFwdSm90
+class knobs such as FOLD=0 or MASK_RELATIVE=1, and BM64=<unmasked>/<masked>, the D 64 row tiles).
 Run: python -m pytest -q tests/gpu/test_flash_fwd.py
 """
 import math
@@ -26,11 +26,9 @@ sys.path.insert(0, HERE)
 from ops.flash_attention.fwd import flash_attn_fwd  # noqa: E402
 from reference import attention_ref, gate_ratio, lse_tol  # noqa: E402
 from ops.common.switches import knob_specs  # noqa: E402
-from ops.flash_attention.forward_sm90 import FlashFwdSm90  # noqa: E402
+from ops.flash_attention.fwd import set_trial_knobs  # noqa: E402
 
-for _name, _value in knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")).items():   # knobs on trial
-    assert hasattr(FlashFwdSm90, _name), f"FLASH_FWD_KNOBS: no knob {_name}"
-    setattr(FlashFwdSm90, _name, _value)
+set_trial_knobs(knob_specs(os.environ.get("FLASH_FWD_KNOBS", "")))     # knobs on trial (sanitize_fwd.py: the same)
 
 DEV = "cuda"
 BF16, F16 = torch.bfloat16, torch.float16
