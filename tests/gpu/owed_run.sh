@@ -12,6 +12,7 @@
 # 96, 192 / 128, 192, 256 against FA4) and ncu_flash
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS);
+# sattn_ab (bench/ab_sparse_attn.py --bwd --knobs SATTN_AB_KNOBS, default EARLY_RELEASE=1 RED64=1);
 # fwd_ab (bench/ab_flash_fwd.py --knobs FWD_AB_KNOBS, default FOLD=0: the forward's folded scale against the old form;
 # then test_flash_fwd and sanitize_fwd under each FWD_TEST_KNOBS set (FLASH_FWD_KNOBS, spaces between sets)).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
@@ -212,6 +213,12 @@ if step "flash forward knob A/B (FOLD=0: the scale multiplied into every score f
       echo "sanitize_fwd $tool FLASH_FWD_KNOBS=$kn rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$Z/fwd_trial_$tool.log" | tail -1)" | summ
     done
   done
+fi
+if step "sparse attention backward knob A/B" 60 sattn_ab; then
+  # bench/ab_sparse_attn.py --bwd: the current kernel against its class knobs SATTN_AB_KNOBS (store: --prebuild)
+  timeout $(($(left) - 5)) python3 bench/ab_sparse_attn.py --bwd --heads 64 128 --iters 5 \
+    --knobs ${SATTN_AB_KNOBS:-EARLY_RELEASE=1 RED64=1} 2>&1 | grep -v Warn > "$OUT/ab_sparse_attn.txt"
+  grep -E "ms|max" "$OUT/ab_sparse_attn.txt" | summ
 fi
 if step "flash backward knob trial" 100 flash_trial; then
   # bench/ab_flash_bwd.py --knobs FLASH_AB_SETS (knob sets, spaces between them; default: the column stats read
