@@ -9,7 +9,7 @@ FlashAttention-3 picks; 160 at D 128) measured 0.97-0.99x in that call and was r
 Knobs are applied by ops.flash_attention.fwd.set_trial_knobs: FlashFwdSm90 class knobs, and BM64="<unmasked>/<masked>"
 (each 128 or 192), the D 64 row tiles of supported.fwd_block_m (the table PADDLE_DSA_FWD_BM64 sets at import).
 
-Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 MASK_RELATIVE=1,BM64=192/192 ...]
+Run:  python bench/ab_flash_fwd.py [--iters N] [--dims 128 96 64] [--knobs FOLD=0 BM64=192/128 ...]
 """
 import argparse
 import os

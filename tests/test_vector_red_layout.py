@@ -68,22 +68,3 @@ def test_partner_rows_match_line_rows(lanes):
         for b in range(2):
             np.testing.assert_array_equal(krow_b[b, r], dest(((m & ~1) | b) + 8 * r))
 
-
-def test_half_lines_give_eight_rows_of_64_bytes(lanes):
-    """half_lines (the 64-byte form): each lane ends with four consecutive columns of its own row, an instruction
-    (r, j1) covers 8 rows x 16 columns, and a line's 16 values per lane cover the 16 x 32 block once."""
-    m, q = LANES >> 2, LANES & 3
-    for ln in range(2):
-        v = [tag(m + 8 * (i >> 3), 8 * (4 * ln + ((i >> 1) & 3)) + 2 * q + (i & 1)) for i in range(16)]
-        w = vr.half_lines(v, LANES)
-        col = 32 * ln + 8 * (LANES & 1) + 4 * ((LANES >> 1) & 1)
-        seen = set()
-        for r in range(2):
-            for j1 in range(2):
-                cols_this_instr = set()
-                for i in range(4):
-                    np.testing.assert_array_equal(w[8 * r + 4 * j1 + i], tag(m + 8 * r, col + 16 * j1 + i))
-                    seen.update(zip((m + 8 * r).tolist(), (col + 16 * j1 + i).tolist()))
-                    cols_this_instr.update((col + 16 * j1 + i).tolist())
-                assert len(cols_this_instr) == 16           # 64 contiguous bytes of each of the warp's 8 rows
-        assert seen == {(rr, 32 * ln + c) for rr in range(16) for c in range(32)}

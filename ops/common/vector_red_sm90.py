@@ -61,14 +61,6 @@ def swap_lane_bit(v, hi, offset: int, vmask: int):
     return out
 
 
-def half_lines(v, lane):
-    """line_rows' first swap alone: v as for line_rows; returns w with w[r * 8 + j1 * 4 + i] = column 16 j1 +
-    8 (lane & 1) + 4 ((lane >> 1) & 1) + i of this lane's own row lane >> 2 + 8 r: each of the warp's instructions
-    (r, j1) covers 8 rows x 64 bytes. Half the shuffles of line_rows, no row exchange; the L2 takes fewer such
-    requests a second (206 against 246 G/s in bench/red_lines.py)."""
-    return swap_lane_bit(v, (lane & 1) != 0, 1, 2)
-
-
 def line_rows(v, lane):
     """One 32-column line of a (keys x columns) accumulator tile: v[r * 8 + j1 * 4 + j0 * 2 + e] = row r's column
     8 (2 j1 + j0) + 2 (lane % 4) + e of the line (the m64 accumulator's pairs of its 4 column groups). Returns the
@@ -109,24 +101,6 @@ def red_tile_lines(k_mn: cute.Tensor, krow_b: cute.Tensor, lane: Int32, mDst: cu
                 if kr >= 0:
                     red_add_v4(mDst.iterator + cute.crd2idx((kr, col, batch), mDst.layout), y[8 * r + 4 * b],
                                y[8 * r + 4 * b + 1], y[8 * r + 4 * b + 2], y[8 * r + 4 * b + 3])
-
-
-@cute.jit
-def red_tile_halflines(k_mn: cute.Tensor, krow: cute.Tensor, lane: Int32, mDst: cute.Tensor, batch: Int32, col0,
-                       n_lines: cutlass.Constexpr):
-    """red_tile_lines in the 64-byte form (half_lines): krow[r] = the destination row of this lane's own row
-    lane >> 2 + 8 r (-1: skip). Every lane must call it."""
-    col_lane = 8 * (lane & 1) + 4 * ((lane >> 1) & 1)
-    for ln in cutlass.range_constexpr(n_lines):
-        v = [k_mn[i >> 3, 2 * (4 * ln + ((i >> 1) & 3)) + (i & 1)] for i in range(16)]
-        w = half_lines(v, lane)
-        for r in cutlass.range_constexpr(2):
-            for j1 in cutlass.range_constexpr(2):
-                kr = krow[r]
-                if kr >= 0:
-                    red_add_v4(mDst.iterator + cute.crd2idx((kr, col0 + 32 * ln + 16 * j1 + col_lane, batch),
-                                                            mDst.layout),
-                               w[8 * r + 4 * j1], w[8 * r + 4 * j1 + 1], w[8 * r + 4 * j1 + 2], w[8 * r + 4 * j1 + 3])
 
 
 @cute.jit

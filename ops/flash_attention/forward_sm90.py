@@ -46,7 +46,11 @@ The ping-pong option passed the same tests but measured mixed (+/- ~15 %, noisy)
 The 192-row D 64 tile (2026-12-05, H100): tests/gpu/test_flash_fwd.py 171/171 pass with it at D 64 masked and
 unmasked (PADDLE_DSA_FWD_BM64=192/192), racecheck and memcheck clean; same-run A/B against the 128-row tile:
 non-causal 428-469 vs 401-442 TFLOP/s at S >= 4096 (+4..8 %), causal 190-426 vs 225-432 (slower; the masked variants
-spill 100-132 B at 160 registers a consumer thread), so only the unmasked D 64 variants take it by default.
+spill 100-132 B at 160 registers a consumer thread), so at first only the unmasked D 64 variants took it. With the
+mask's bounds relative to a thread's first column (ops.common.mask.apply_mask, 2026-12-07, H100) the masked tile spills
+nothing and every D 64 variant takes 192 rows: test_flash_fwd 183/183, racecheck / memcheck clean, same-run A/B
+against the 128-row masked tile with absolute bounds: D 64 causal 418.5 -> 441.8 TFLOP/s (1.056x), D 64 non-causal
+1.015x, D 128 0.999x / 1.011x, outputs bit for bit equal (perf/device_2026-12-07T1903_h100.txt).
 The folded scale (2026-12-07, H100 only, no H200 since): tests/gpu/test_flash_fwd.py 183/183 pass, sanitize_fwd
 racecheck and memcheck clean, 1.01-1.09x against FOLD=0 in the same run (D 64 1.09x / 1.05x, D 96 1.04x / 1.06x,
 D 128 1.01x / 1.00x).
@@ -101,9 +105,6 @@ class FlashFwdSm90:
     # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
     # before 2026-12-07.
     FOLD = True
-    # MASK_RELATIVE: the bounded mask compares compile-time column offsets against per-row bounds (ops.common.mask
-    # .apply_mask's relative form): no spill in the 192-row D 64 masked tile (84 B otherwise). CPU only so far.
-    MASK_RELATIVE = False
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -484,7 +485,7 @@ class FlashFwdSm90:
         if mask_lib.block_needs_mask(m_start, self.BM, n_start, self.BN, seqlen_q, seqlen_k, win_left, win_right,
                                      self.bounded):
             mask_lib.apply_mask(s_mn, c_mn, m_start, n_start, seqlen_q, seqlen_k, win_left, win_right,
-                                self.bounded, bool(self.MASK_RELATIVE))
+                                self.bounded)
 
     def p_view(self, rP: cute.Tensor) -> cute.Tensor:
         return p_operand_view(rP, self.BN)

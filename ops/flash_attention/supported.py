@@ -17,12 +17,12 @@ BWD_WIDE_HEAD_DIMS = ((192, 128), (192, 192), (256, 256))
 HEAD_DIMS = tuple(sorted({d for d, _ in FWD_HEAD_DIMS}))
 # query rows a forward CTA takes per (D, Dv, bounded mask): 64 a consumer warpgroup; 192 = three consumer warpgroups
 # (the D 64 tile: a key block's two matmuls are half as long as at D 128 while the softmax per row is the same, so
-# more rows share each K / V block); every other variant 128. At D 64 the 192-row tile measured faster without a
-# bounded mask and slower with one (H100 2026-12-05, B x S = 16K, same run: non-causal +4..8 % at S >= 2048, causal
-# 0..-16 %; docs/performance.md), hence the default "192/128". PADDLE_DSA_FWD_BM64="<unmasked>/<masked>" (read at
-# import, each 128 or 192) sets the D 64 rows, for same-run A/B on the device.
+# more rows share each K / V block); every other variant 128. At D 64 the 192-row tile is faster with and without a
+# bounded mask since the mask's bounds are relative (H100 2026-12-07, B 2 H 16 S 8K, same run: non-causal 1.015x,
+# causal 1.056x against 192/128; docs/performance.md), hence the default "192/192".
+# PADDLE_DSA_FWD_BM64="<unmasked>/<masked>" (read at import, each 128 or 192) sets the D 64 rows, for same-run A/B.
 FWD_BLOCK_M_DEFAULT = 128
-_BM64 = __import__("os").environ.get("PADDLE_DSA_FWD_BM64", "192/128")
+_BM64 = __import__("os").environ.get("PADDLE_DSA_FWD_BM64", "192/192")
 
 
 def _bm64_table(text):

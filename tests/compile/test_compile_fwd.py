@@ -41,11 +41,11 @@ def test_forward_ptx_uses_wgmma_and_tma(tmp_path):
 
 
 @pytest.mark.skipif(__import__("shutil").which("ptxas") is None, reason="no ptxas on PATH")
-@pytest.mark.parametrize("knobs", ["", "MASK_RELATIVE=1,BM64=192/192"])
+@pytest.mark.parametrize("knobs", ["", "BM64=128/128"])
 def test_d64_masked_forward_has_no_spills(knobs, tmp_path):
-    """The D 64 forward with a bounded mask, as the defaults build it (128-row tile) and with the knobs on trial that
-    give it the 192-row tile: ptxas -v reports no spill. At 192 rows a consumer thread has 160 registers; the mask's
-    absolute-column form spilled 84 B there (MASK_RELATIVE=0,BM64=192/192 fails this), its relative form none."""
+    """The D 64 forward with a bounded mask, as the defaults build it (192-row tile) and with the 128-row tile:
+    ptxas -v reports no spill. At 192 rows a consumer thread has 160 registers; the mask's former absolute-column
+    form spilled 84 B there, the relative bounds of ops.common.mask.apply_mask none."""
     import re
     import subprocess
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path),

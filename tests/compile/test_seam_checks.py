@@ -106,7 +106,7 @@ def test_fwd_block_m_matches_kernel():
             assert 24 + kern.BM // 64 * kern.consumer_regs <= pool, (d, dv, bounded, kern.consumer_regs, pool)
             assert kern.pingpong == (kern.BM == 128)
     if "PADDLE_DSA_FWD_BM64" not in __import__("os").environ:
-        assert supported.fwd_block_m(64, 64, False) == 192 and supported.fwd_block_m(64, 64, True) == 128
+        assert supported.fwd_block_m(64, 64, False) == 192 and supported.fwd_block_m(64, 64, True) == 192
         assert supported.fwd_block_m(128, 128, True) == 128
 
 

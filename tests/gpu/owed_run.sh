@@ -12,7 +12,7 @@
 # 96, 192 / 128, 192, 256 against FA4) and ncu_flash
 # (ncu of our flash backward and FA4's), both with FA4 in .device/whl; flash_trial (FLASH_AB_SETS: flash backward
 # knob sets timed by bench/ab_flash_bwd.py; then test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with FLASH_AB_KNOBS);
-# sattn_ab (bench/ab_sparse_attn.py --bwd --knobs SATTN_AB_KNOBS, default EARLY_RELEASE=1 RED64=1);
+# sattn_ab (bench/ab_sparse_attn.py --bwd --knobs SATTN_AB_KNOBS, e.g. DKV_A=3; without it the current kernel alone);
 # fwd_ab (bench/ab_flash_fwd.py --knobs FWD_AB_KNOBS, default FOLD=0: the forward's folded scale against the old form;
 # then test_flash_fwd and sanitize_fwd under each FWD_TEST_KNOBS set (FLASH_FWD_KNOBS, spaces between sets)).
 # BENCH_ROWS: bench/dsa_indexer.py's row substrings for bench_rows, ';' between them (default "sparse idx rec").
@@ -38,12 +38,8 @@
 # fold's 2^22 limit (raised to 2^28 since); then STEPS="changed flash_bench fwd_ab" on e98fd9d: test_flash_fwd 183
 # passed, sanitize_fwd clean, FA4 tables, the fold 1.01-1.09x. Owed next:
 #   1) the final tree on an H200 (none has come since 12-06 10:17): STEPS="tests sanitize benches" BUDGET=500;
-#   2) the forward mask's relative bounds (FlashFwdSm90.MASK_RELATIVE, off; no spill in the 192-row D 64 masked
-#      tile) and that tile (BM64=192/192), after prebuild_knob_variants.py --only-flash-knobs --fwd-knobs
-#      MASK_RELATIVE=1 MASK_RELATIVE=1,BM64=192/192 --fwd-test-knobs MASK_RELATIVE=1,BM64=192/192:
-#      CHANGED_TESTS=tests/gpu/test_flash_fwd.py CHANGED_SANITIZE=tests/gpu/sanitize_fwd.py FWD_AB_DIMS="64 128"
-#      FWD_AB_KNOBS="MASK_RELATIVE=1 MASK_RELATIVE=1,BM64=192/192" FWD_TEST_KNOBS=MASK_RELATIVE=1,BM64=192/192
-#      STEPS="changed fwd_ab" BUDGET=300; make them the defaults if the tests pass and the A/B says so;
+#   2) (done 2026-12-07 19:03, H100: the relative mask bounds and the 192-row D 64 masked tile are the defaults now,
+#      1.056x D 64 causal; perf/device_2026-12-07T1903_h100.txt)
 #   3) issue 12's tables on the H200 (the H100 ones: docs/performance.md, 2026-12-07 17:18);
 #   4) a 3-deep (Q, dO) ring with the D 64 128-row tiles (fits with one dS buffer, outside the ordered form):
 #      FLASH_AB_SETS=STAGES=3,DS_STAGES=1 FLASH_AB_KNOBS=STAGES=3,DS_STAGES=1 FLASH_AB_DIMS=64 STEPS=flash_trial
@@ -217,7 +213,7 @@ fi
 if step "sparse attention backward knob A/B" 60 sattn_ab; then
   # bench/ab_sparse_attn.py --bwd: the current kernel against its class knobs SATTN_AB_KNOBS (store: --prebuild)
   timeout $(($(left) - 5)) python3 bench/ab_sparse_attn.py --bwd --heads 64 128 --iters 5 \
-    --knobs ${SATTN_AB_KNOBS:-EARLY_RELEASE=1 RED64=1} 2>&1 | grep -v Warn > "$OUT/ab_sparse_attn.txt"
+    --knobs ${SATTN_AB_KNOBS:-} 2>&1 | grep -v Warn > "$OUT/ab_sparse_attn.txt"
   grep -E "ms|max" "$OUT/ab_sparse_attn.txt" | summ
 fi
 if step "flash backward knob trial" 100 flash_trial; then

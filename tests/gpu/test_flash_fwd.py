@@ -6,7 +6,7 @@ Each case: NaN-poisoned out/lse, kernel vs float64 reference ("exact") from the 
   |lse - exact| <= 2^-16 max(1, max|S|) on rows that see keys; rows that see no key: out == 0 and lse == -inf exactly
   no NaN/inf anywhere else (every element written).
 FLASH_FWD_KNOBS="NAME=VALUE,..." sets the knobs on trial first (ops.flash_attention.fwd.set_trial_knobs: FlashFwdSm90
-class knobs such as FOLD=0 or MASK_RELATIVE=1, and BM64=<unmasked>/<masked>, the D 64 row tiles).
+class knobs such as FOLD=0, and BM64=<unmasked>/<masked>, the D 64 row tiles).
 Run: python -m pytest -q tests/gpu/test_flash_fwd.py
 """
 import math

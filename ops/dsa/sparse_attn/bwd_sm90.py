@@ -33,7 +33,9 @@ Consumer warpgroups (setmaxnreg 232 each, the producer 40):
   MN-major, B = the resident Q / dout chunk read MN-major), added to global fp32 by whole 128-byte lines
   (ops/common/vector_red_sm90.py red_tile_lines: 4 keys x 128 bytes a red.v4 instruction), valid keys only.
 Measured choices (H200 and ptxas, 2026-12-04): DKV_A = 2 (0 / 2 / 3 / 4: 7.64 / 7.50 / 7.60 / 7.85 ms at H 64, equal
-within 1 % at H 128). What does not fit the register budget (ptxas C7512, the wgmmas serialized, CPU): dq by an RS
+within 1 % at H 128). Measured and removed (H100 2026-12-07, same run, perf/device_2026-12-07T1903_h100.txt): B
+releasing the kv chunks it never reads at PDS_FULL (7.434 vs 7.433 ms at H 64, 14.95 vs 14.98 at H 128); the dkv tiles
+by 8 rows x 64 bytes a red.v4 (half the shuffles): 8.58 / 17.08 ms, 0.87x. What does not fit the register budget (ptxas C7512, the wgmmas serialized, CPU): dq by an RS
 wgmma (A = dS from registers) with 4 chunks in A; 6 dq chunks in B; a second dkv accumulator in either consumer
 (tile c + 1's wgmmas under tile c's reductions; a predicated red, `@p red`, is not what serializes them).
 Shared-memory handoffs: sP / sdS(n) written by A's 128 threads (stmatrix), fence.proxy.async, then A arrives on
@@ -88,7 +90,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...common.gather_sm90 import BlockGather, find_sequence, load_resident_tiles
 from .rows import SlotRows
 from ...common.softmax import acc_mn_view, quad_sum
-from ...common.vector_red_sm90 import partner_rows, red_tile_halflines, red_tile_lines, st_tile_pairs
+from ...common.vector_red_sm90 import partner_rows, red_tile_lines, st_tile_pairs
 
 LOG2E = math.log2(math.e)
 HG = 64              # heads per CTA
@@ -105,8 +107,6 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
 
     LAG = 3
     DKV_A = 2            # dkv tiles (the last chunks) consumer A adds after its dq; B adds the rest
-    EARLY_RELEASE = 0    # 1: B releases kv chunks [0, DQ_A) at PDS_FULL instead of after its dq (not measured yet)
-    RED64 = 0            # 1: dkv by 8 rows x 64 bytes a red.v4 instruction (half the shuffles; not measured yet)
 
     def __init__(self, head_dim: int, v_head_dim: int, heads: int, varlen: bool, has_length: bool, has_sink: bool,
                  has_dlse: bool, deterministic: bool = False):
@@ -447,9 +447,6 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             for c in cutlass.range_constexpr(NC):
                 pipe.consumer_wait(self.state(n, c, False))       # (completed before PDS_FULL: returns at once)
             self.dkv_rows(krow_b, sRows, n, k_id, lane)
-            if cutlass.const_expr(self.EARLY_RELEASE):     # B reads no chunk below DQ_A: release them at once
-                for c in cutlass.range_constexpr(DQ_A):
-                    pipe.consumer_release(self.state(n, c, False))
             warpgroup.fence()
             for i in cutlass.range_constexpr(n_dq):
                 for kb in cutlass.range_constexpr(BK // 16):
@@ -486,7 +483,7 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
             self.issue_dkv(mma_dkv, acc_kv, tKrdS, tKrP, tKrQ, tKrdO, c)
             warpgroup.wait_group(0)
             if cutlass.const_expr(is_b and c == c0):
-                for cc in cutlass.range_constexpr(DQ_A if self.EARLY_RELEASE else 0, self.NC):
+                for cc in cutlass.range_constexpr(self.NC):
                     pipe.consumer_release(self.state(n, cc, False))
             if cutlass.const_expr(is_b and c == c1 - 1):
                 if has_next:
@@ -512,17 +509,15 @@ class SparseAttnBwdSm90(SlotRows, BlockGather):
         (deterministic: stored to their staging rows)."""
         if cutlass.const_expr(self.stage):
             st_tile_pairs(acc_mn_view(acc_kv), krow_b[0, 0], krow_b[0, 1], lane, mdKV, col0)
-        elif cutlass.const_expr(self.RED64):
-            red_tile_halflines(acc_mn_view(acc_kv), krow_b[0, None], lane, mdKV, batch, col0, DC // 32)
         else:
             red_tile_lines(acc_mn_view(acc_kv), krow_b, lane, mdKV, batch, col0, DC // 32)
 
     def dkv_rows(self, krow_b, sRows, n, k_id, lane):
         """The dkv destination rows of block n for add_dkv (a plain function, traced inline): the rows line_rows
-        hands this lane (partner_rows), or with RED64 its own two rows in krow_b[0, :] (sRows: the kv rows, or
-        deterministic, the staging rows: publish_rows)."""
+        hands this lane (partner_rows) from sRows (the kv rows), or deterministic its own two staging rows in
+        krow_b[0, :] (publish_rows)."""
         own0, own1 = sRows[n % 2, k_id[0, 0][0]], sRows[n % 2, k_id[1, 0][0]]
-        if self.RED64 or self.stage:
+        if self.stage:
             krow_b[0, 0] = own0
             krow_b[0, 1] = own1
         else:
