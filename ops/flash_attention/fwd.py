@@ -102,14 +102,19 @@ def fake_args(key):
 
 def set_trial_knobs(knobs):
     """Apply knobs on trial (a dict, as ops.common.switches.knob_specs parses "NAME=VALUE,..."): FlashFwdSm90 class
-    attributes (FOLD, MASK_RELATIVE, ...), and BM64="<unmasked>/<masked>", the D 64 row tiles of supported.py's
-    table (what PADDLE_DSA_FWD_BM64 sets at import). Read while tracing, so set them before the first compile of a
-    process (or give each setting its own _CACHE, as bench/ab_flash_fwd.py does). Returns the values replaced:
+    attributes (FOLD, ...); BM64="<unmasked>/<masked>", the D 64 row tiles of supported.py's table (what
+    PADDLE_DSA_FWD_BM64 sets at import); PINGPONG=0/1 (what PADDLE_DSA_FWD_PINGPONG sets at import). Read while
+    tracing, so set them before the first compile of a process (or give each setting its own _CACHE, as
+    bench/ab_flash_fwd.py does). Returns the values replaced:
     pass them back to restore. Tests, sanitizers, benches and the store's prebuild use this one function."""
+    global PINGPONG
     fwd_mod = _lazy()[3]
     old = {}
     for name, value in knobs.items():
-        if name == "BM64":
+        if name == "PINGPONG":                                  # the module switch PADDLE_DSA_FWD_PINGPONG sets
+            old[name] = int(PINGPONG)
+            PINGPONG = bool(int(value))
+        elif name == "BM64":
             supported.fwd_block_m(64, 64, False)                 # the table parsed once
             old[name] = "%d/%d" % (supported.FWD_BLOCK_M[(64, 64, False)], supported.FWD_BLOCK_M[(64, 64, True)])
             supported.FWD_BLOCK_M = supported._bm64_table(str(value))
@@ -117,7 +122,7 @@ def set_trial_knobs(knobs):
             old[name] = getattr(fwd_mod.FlashFwdSm90, name)
             setattr(fwd_mod.FlashFwdSm90, name, value)
         else:
-            raise ValueError(f"knobs: FlashFwdSm90 has no knob {name!r} (nor is it BM64)")
+            raise ValueError(f"knobs: FlashFwdSm90 has no knob {name!r} (nor is it BM64 or PINGPONG)")
     return old
 
 
