@@ -5,6 +5,8 @@ as one fma, P = 2^(fma(s, c, -m~)); a row whose |m~| reaches FOLD_LIMIT (2^28) s
 that step in numpy float32 (fma emulated exactly in float64: a float32 product is exact there) and checks lse and the
 largest P against float64 over logit offsets from 0 to 1e12, blocks of 128 keys, one block fully masked. A model
 without the FOLD_LIMIT branch must fail the huge-offset cases (the failure the GPU test test_large_logits met).
+The rescale skip (RESCALE_SKIP): a block whose max is at most skip above the running max keeps it; lse stays exact and
+the largest P stays within 2^(skip + 8) (float16's range for skip <= 7), also on rows whose max climbs block by block.
 """
 import math
 
@@ -23,8 +25,9 @@ def fma32(a, b, c):
     return (np.float64(a) * np.float64(b) + np.float64(c)).astype(F32)
 
 
-def folded_softmax(s_blocks, c, limit=FOLD_LIMIT):
-    """Rows of raw float32 scores in key blocks (-inf = masked) -> (lse, largest P) as the kernel forms them."""
+def folded_softmax(s_blocks, c, limit=FOLD_LIMIT, skip=0):
+    """Rows of raw float32 scores in key blocks (-inf = masked) -> (lse, largest P) as the kernel forms them; skip:
+    the forward's RESCALE_SKIP (a block max at most skip above the running max keeps the running max)."""
     rows = s_blocks[0].shape[0]
     m = np.full(rows, -np.inf, F32)
     l = np.zeros(rows, F32)
@@ -34,6 +37,8 @@ def folded_softmax(s_blocks, c, limit=FOLD_LIMIT):
         s = s.astype(F32)
         m_blk = (s.max(axis=1) * c).astype(F32)                   # rn(c max s)
         m_new = np.maximum(m, m_blk)
+        if skip:
+            m_new = np.where(m_blk <= (m + F32(skip)).astype(F32), m, m_new).astype(F32)
         m_use = np.where(m_new == -np.inf, F32(0), m_new).astype(F32)
         with np.errstate(invalid="ignore", over="ignore"):
             corr = np.exp2((m - m_use).astype(F32)).astype(F32)
@@ -116,3 +121,43 @@ def test_nonpositive_scale_is_not_folded():
         lse, _ = folded_softmax(scaled, 1.0)
         ex = exact_lse(scaled, 1.0 / LOG2E)
         assert np.allclose(lse, ex, rtol=1e-6, atol=1e-6)
+
+
+def climbing(rows=64, blocks=8, bn=128, step=3.0, seed=5):
+    """Rows whose max climbs by about `step` (base-2 units at scale 1 / LOG2E) a block, one row by 12 a block, one row
+    flat: the skip keeps the running max on some blocks and moves it on others."""
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal((rows, blocks * bn)).astype(F32)
+    for i in range(blocks):
+        s[:, i * bn:(i + 1) * bn] += F32(i * step / LOG2E)
+        s[1, i * bn:(i + 1) * bn] += F32(i * 9.0 / LOG2E)
+    s[2, :] = F32(1.0)
+    return [s[:, i * bn:(i + 1) * bn] for i in range(blocks)]
+
+
+@pytest.mark.parametrize("skip", [1, 4, 7])
+@pytest.mark.parametrize("offset", [0.0, 1e5, 1.8e8, -2e8, 1.1e12])
+def test_rescale_skip_keeps_lse_and_bounds_p(skip, offset):
+    blocks = [b + F32(offset) for b in climbing()] + case(offset, 8.0, seed=skip, blocks=2)[:1]
+    lse, p_max = folded_softmax(blocks, LOG2E, skip=skip)
+    ex = exact_lse(blocks, 1.0)
+    tol = 8 * 2.0 ** -24 * np.maximum(1.0, np.abs(ex)) + 0.5 * np.spacing(F32(abs(offset) + 64))
+    assert np.all(np.abs(lse - ex) <= tol), float(np.max(np.abs(lse - ex) - tol))
+    assert np.all(p_max <= 2.0 ** (skip + 8) * (1 + 1e-6)) and np.all(p_max < 65504.0)
+    if offset == 0.0:     # the bound is reached in spirit: some rows keep a max that their P exceed
+        assert (p_max > 1.5).any()
+
+
+def test_rescale_skip_first_block_and_masked_rows():
+    """A fully masked block first (m stays -inf: no skip from -inf), then finite blocks; a row masked throughout keeps
+    l = 0 (lse -inf)."""
+    blocks = case(0.0, 8.0, seed=2, blocks=4)
+    blocks = [blocks[1]] + blocks                                   # the masked block first
+    blocks = [b.copy() for b in blocks]
+    for b in blocks:
+        b[3, :] = -np.inf
+    lse, p_max = folded_softmax(blocks, LOG2E, skip=7)
+    ex = exact_lse([b[np.arange(64) != 3] for b in blocks], 1.0)
+    assert lse[3] == -np.inf and p_max[3] == 0.0
+    keep = np.arange(64) != 3
+    assert np.allclose(lse[keep], ex, rtol=4e-7, atol=4e-7)

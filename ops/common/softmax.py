@@ -21,6 +21,13 @@ rounded to 16 or more) has its scores scaled first in a branch only such rows ta
 c <= 0 or NaN: the caller scales every score first (prescale = c; a max over raw scores would be a min), and the
 step runs with multiplier 1.
 
+Rescale skip (skip > 0, a forward's RESCALE_SKIP). The running max only has to bound the row's scores well enough
+that no P overflows: a block whose max exceeds m~ by at most skip keeps m~ (corr = 2^0 = 1 exactly for every row of
+it), so O needs no rescale (rescale_rows_where_needed: skipped when a warp's rows all keep theirs). Its P are then up
+to 2^skip (times the fold's 2^8 at most): every P, l, O and lse still use the same m~, so the result is the same
+math; skip <= 7 keeps 2^(skip + 8) inside float16's range. A larger jump (and the first block) takes the new max as
+before: m~ is never below the block max minus skip.
+
 A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
 max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
 """
@@ -125,9 +132,11 @@ def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cu
 
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
-                        mult: Float32):
+                        mult: Float32, skip: cutlass.Constexpr = 0):
     """Like online_softmax_update, but leaves O alone: corr[r] = 2^(m_old - m~) for a later rescale_rows(O, corr)
-    (lets the caller overlap this with the previous P V wgmma still in flight). mult: fold_factors' multiplier."""
+    (lets the caller overlap this with the previous P V wgmma still in flight). mult: fold_factors' multiplier.
+    skip > 0 (RESCALE_SKIP): a block whose max exceeds the running max by at most skip keeps the running max (corr
+    exactly 1, so rescale_rows_where_needed can skip O), its P then up to 2^skip (module docstring)."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_blk = s_mn[r, 0]
         for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
@@ -135,6 +144,11 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         m_blk = quad_max(m_blk) * mult                  # rn(c max s): -inf stays -inf (mult > 0)
         m_old = row_max[r]
         m_new = cute.arch.fmax(m_old, m_blk)
+        if cutlass.const_expr(skip > 0):
+            # keep the running max unless the block's exceeds it by more than skip (m_old = -inf: only an all -inf
+            # block keeps it; a NaN block max is no keep, and fmax already ignored it, as without skip)
+            keep = m_blk <= m_old + Float32(skip)
+            m_new = Float32(cutlass.select_(keep, m_old, m_new))
         m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
         corr[r] = cute.math.exp2(m_old - m_use, fastmath=True)
         row_max[r] = m_new
@@ -149,6 +163,17 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
             s_mn[r, c] = p
             part = part + p
         row_sum[r] = row_sum[r] * corr[r] + part
+
+
+@cute.jit
+def rescale_rows_where_needed(o_mn: cute.Tensor, corr: cute.Tensor):
+    """rescale_rows, skipped when no row of the warp has corr != 1 (a warp-uniform branch: one vote): with a skip
+    threshold most blocks keep every row's max, and O stays as it is."""
+    need = corr[0] != Float32(1.0)
+    for r in cutlass.range_constexpr(1, cute.size(corr)):
+        need = need or corr[r] != Float32(1.0)
+    if cute.arch.vote_any_sync(need):
+        rescale_rows(o_mn, corr)
 
 
 @cute.jit

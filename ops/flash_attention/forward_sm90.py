@@ -69,7 +69,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common import mask as mask_lib
 from ..common.softmax import (acc_mn_view, fold_factors, online_softmax_finalize, online_softmax_step,
-                              online_softmax_update, p_operand_view, prescale_scores, rescale_rows, softmax_state)
+                              online_softmax_update, p_operand_view, prescale_scores, rescale_rows,
+                              rescale_rows_where_needed, softmax_state)
 
 from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
@@ -105,11 +106,16 @@ class FlashFwdSm90:
     # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
     # before 2026-12-07.
     FOLD = True
+    # RESCALE_SKIP (trial, 0 = off): a key block whose max exceeds a row's running max by at most this many (log2
+    # units, <= 7) keeps the running max, and O is rescaled only where a row of the warp moved its max
+    # (ops.common.softmax rescale skip).
+    RESCALE_SKIP = 0
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
         assert (head_dim, v_head_dim) in TILES, (head_dim, v_head_dim)
+        assert 0 <= self.RESCALE_SKIP <= 7, self.RESCALE_SKIP     # P <= 2^(skip + 8) stays a finite float16
         self.dtype = dtype
         self.D = head_dim
         self.Dv = v_head_dim
@@ -417,11 +423,14 @@ class FlashFwdSm90:
                         s2_mn = acc_mn_view(acc_s2)
                         self.prep_scores(s2_mn, c_mn, prescale, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                          win_right)
-                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult, self.RESCALE_SKIP)
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
-                        rescale_rows(o_mn, corr)
+                        if cutlass.const_expr(self.RESCALE_SKIP > 0):
+                            rescale_rows_where_needed(o_mn, corr)
+                        else:
+                            rescale_rows(o_mn, corr)
                         rP.store(acc_s2.load().to(dt))
                     pipe_v.consumer_wait(st_v)
                     self.turn_wait(cwg)
