@@ -110,6 +110,10 @@ class FlashFwdSm90:
     # units, <= 7) keeps the running max, and O is rescaled only where a row of the warp moved its max
     # (ops.common.softmax rescale skip).
     RESCALE_SKIP = 0
+    # EXP2_EMU (trial, 0 = off): in the mainloop's softmax step, this many of each row's columns (per thread: of BN /
+    # 4) take ops.common.exp2.exp2_fma (FMA pipe) instead of ex2.approx (MUFU pipe), which at D 64 is as busy as the
+    # tensor cores (one MUFU op a score: 16 a clock an SM).
+    EXP2_EMU = 0
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
@@ -423,7 +427,8 @@ class FlashFwdSm90:
                         s2_mn = acc_mn_view(acc_s2)
                         self.prep_scores(s2_mn, c_mn, prescale, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                          win_right)
-                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult, self.RESCALE_SKIP)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult, self.RESCALE_SKIP,
+                                            self.EXP2_EMU)
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
