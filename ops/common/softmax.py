@@ -37,8 +37,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .exp2 import exp2_fma
-
 LN2 = math.log(2.0)
 LOG2E = math.log2(math.e)
 FOLD_LIMIT = 2.0 ** 28      # |m~| from which a row's scores are scaled before the exponent (module docstring)
@@ -134,12 +132,11 @@ def online_softmax_finalize(o_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cu
 
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
-                        mult: Float32, skip: cutlass.Constexpr = 0, emu: cutlass.Constexpr = 0):
+                        mult: Float32, skip: cutlass.Constexpr = 0):
     """Like online_softmax_update, but leaves O alone: corr[r] = 2^(m_old - m~) for a later rescale_rows(O, corr)
     (lets the caller overlap this with the previous P V wgmma still in flight). mult: fold_factors' multiplier.
     skip > 0 (RESCALE_SKIP): a block whose max exceeds the running max by at most skip keeps the running max (corr
-    exactly 1, so rescale_rows_where_needed can skip O), its P then up to 2^skip (module docstring). emu > 0: the
-    last emu columns of each row take exp2_fma (the FMA pipe) instead of ex2.approx (the MUFU pipe)."""
+    exactly 1, so rescale_rows_where_needed can skip O), its P then up to 2^skip (module docstring)."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_blk = s_mn[r, 0]
         for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
@@ -161,14 +158,8 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                 s_mn[r, c] = s_mn[r, c] * mult
             a = Float32(1.0)
         part = Float32(0.0)
-        ncol = cute.size(s_mn, mode=[1])
-        for c in cutlass.range_constexpr(ncol):
-            x = cute.math.fma(s_mn[r, c], a, -m_use)
-            p = x
-            if cutlass.const_expr(c >= ncol - emu):
-                p = exp2_fma(x)
-            else:
-                p = cute.math.exp2(x, fastmath=True)
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            p = cute.math.exp2(cute.math.fma(s_mn[r, c], a, -m_use), fastmath=True)
             s_mn[r, c] = p
             part = part + p
         row_sum[r] = row_sum[r] * corr[r] + part

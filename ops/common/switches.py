@@ -30,3 +30,9 @@ def knob_specs(text):
     """"NAME=VALUE,NAME=VALUE" (knob_value's forms) as a dict; empty text: {}."""
     return {name.strip(): knob_value(value) for name, value in
             (spec.split("=", 1) for spec in filter(None, (text or "").split(",")))}
+
+
+def dims_knob(knob):
+    """A head-dim knob (a class attribute naming the head dims a kernel form applies to) as a tuple: a tuple, or one
+    int as a knob spec gives it ("128"; "0": none)."""
+    return tuple(knob) if isinstance(knob, (tuple, list)) else (int(knob),)

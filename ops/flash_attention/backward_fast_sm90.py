@@ -130,17 +130,13 @@ from cutlass.memory import SmemAllocator
 from ..common import mask as mask_lib
 from ..common import tile_order
 from ..common.softmax import acc_mn_view, p_operand_view
+from ..common.switches import dims_knob
 from .backward_sm90 import FlashBwdSm90, LOG2E, _atom_d, _sdhb, _tma_part, _transpose
 
 BLOCK_M_FAST = 64    # query rows per tile
 BLOCK_N_FAST = 128   # key rows per CTA (64 per consumer warpgroup)
 NTHREADS_FAST = 384  # producer warpgroup + 2 consumer warpgroups
 STAGES = 2
-
-
-def _dims(knob):
-    """A head-dim knob as a tuple: a tuple, or one int as a knob spec gives it ("128"; "0": none)."""
-    return tuple(knob) if isinstance(knob, (tuple, list)) else (int(knob),)
 
 
 def _t3(t):
@@ -185,22 +181,22 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         return total + bm * 2 * 2 * 2 * 4 + 8 * (2 * self.stages + 1)   # + sStat, the mbarriers
 
     @classmethod
-    def dq_cols_dims(cls, ordered: bool):
+    def dq_colsdims_knob(cls, ordered: bool):
         """Head dims whose mode 2 is the column-split dQ (others fall back to mode 1), per form."""
-        return _dims(cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS)
+        return dims_knob(cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS)
 
     def __init__(self, dtype, head_dim: int, varlen: bool, dq_cols: bool = False, ordered: bool = False):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
         # ordered: the deterministic form (dQ tiles reduced in a fixed order of the key blocks, see the docstring)
         self.ordered = bool(ordered)
-        # dq_cols (D in dq_cols_dims(ordered)): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes D / 2 of
+        # dq_cols (D in dq_colsdims_knob(ordered)): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes D / 2 of
         # the D columns over all 128 keys and bulk-reduces its column half (half the reduce traffic of the
         # per-warpgroup partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
-        self.dq_cols = bool(dq_cols) and head_dim in self.dq_cols_dims(self.ordered)
+        self.dq_cols = bool(dq_cols) and head_dim in self.dq_colsdims_knob(self.ordered)
         self.ds_stages = self.DS_STAGES if self.DS_STAGES is not None else (2 if self.ordered else 1)
-        self.stat_ahead = head_dim in _dims(self.STAT_AHEAD_DIMS)
+        self.stat_ahead = head_dim in dims_knob(self.STAT_AHEAD_DIMS)
         self.bm = BLOCK_M_FAST
-        if head_dim in _dims(self.BM128_DIMS):
+        if head_dim in dims_knob(self.BM128_DIMS):
             if head_dim != 64:
                 raise ValueError(f"FlashBwdSm90Fast knob BM128_DIMS: 128-row query tiles only at head_dim 64 "
                                  f"(the S^T, dP^T, dK, dV accumulators of D {head_dim} do not fit in 240 registers)")
@@ -219,7 +215,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
         self.nsplit = 1 if self.dq_cols else head_dim // self.dqn
-        early_dims = _dims(self.ORDERED_EARLY_SDP_DIMS if self.ordered else self.EARLY_SDP_DIMS)
+        early_dims = dims_knob(self.ORDERED_EARLY_SDP_DIMS if self.ordered else self.EARLY_SDP_DIMS)
         # bm 128: P^T and dS^T are both formed once S^T and dP^T are done, then [dV], [dK] issued (with dV in flight
         # while dS^T is formed, the fp32 P^T that dS^T reads, the rounded P^T, dP^T, dK and dV leave too few registers:
         # ptxas spilled and serialized the wgmmas)

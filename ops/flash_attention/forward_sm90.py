@@ -71,6 +71,7 @@ from ..common import mask as mask_lib
 from ..common.softmax import (acc_mn_view, fold_factors, online_softmax_finalize, online_softmax_step,
                               online_softmax_update, p_operand_view, prescale_scores, rescale_rows,
                               rescale_rows_where_needed, softmax_state)
+from ..common.switches import dims_knob
 
 from .supported import FWD_BLOCK_M_DEFAULT as BLOCK_M, fwd_block_m
 SMEM_BYTES = 232448  # sm90 dynamic shared memory a CTA can have (227 KiB)
@@ -106,20 +107,19 @@ class FlashFwdSm90:
     # scale into the exponent's fma (ops.common.softmax.fold_factors); False scales every score first, the form
     # before 2026-12-07.
     FOLD = True
-    # RESCALE_SKIP (trial, 0 = off): a key block whose max exceeds a row's running max by at most this many (log2
-    # units, <= 7) keeps the running max, and O is rescaled only where a row of the warp moved its max
-    # (ops.common.softmax rescale skip).
-    RESCALE_SKIP = 0
-    # EXP2_EMU (trial, 0 = off): in the mainloop's softmax step, this many of each row's columns (per thread: of BN /
-    # 4) take ops.common.exp2.exp2_fma (FMA pipe) instead of ex2.approx (MUFU pipe), which at D 64 is as busy as the
-    # tensor cores (one MUFU op a score: 16 a clock an SM).
-    EXP2_EMU = 0
+    # RESCALE_SKIP at the head dims RESCALE_SKIP_DIMS: a key block whose max exceeds a row's running max by at most
+    # RESCALE_SKIP (log2 units, <= 7) keeps the running max, and O is rescaled only where a row of the warp moved its
+    # max (ops.common.softmax, rescale skip). H100 2026-12-07 19:55, same run, threshold 4 (7 the same): D 128 1.019x /
+    # 1.028x (non-causal / causal), D 96 0.997x / 1.005x, D 64 (192-row tile) 0.935x / 0.966x: on at D 128 only.
+    RESCALE_SKIP = 4
+    RESCALE_SKIP_DIMS = (128,)
 
     def __init__(self, dtype, head_dim: int, bounded: bool, varlen: bool, overlap: bool = True,
                  pingpong: bool = False, v_head_dim=None):
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
         assert (head_dim, v_head_dim) in TILES, (head_dim, v_head_dim)
-        assert 0 <= self.RESCALE_SKIP <= 7, self.RESCALE_SKIP     # P <= 2^(skip + 8) stays a finite float16
+        self.skip = int(self.RESCALE_SKIP) if head_dim in dims_knob(self.RESCALE_SKIP_DIMS) else 0
+        assert 0 <= self.skip <= 7, self.skip             # P <= 2^(skip + 8) stays a finite float16
         self.dtype = dtype
         self.D = head_dim
         self.Dv = v_head_dim
@@ -427,12 +427,11 @@ class FlashFwdSm90:
                         s2_mn = acc_mn_view(acc_s2)
                         self.prep_scores(s2_mn, c_mn, prescale, m_start, n * BN, seqlen_q, seqlen_k, win_left,
                                          win_right)
-                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult, self.RESCALE_SKIP,
-                                            self.EXP2_EMU)
+                        online_softmax_step(s2_mn, row_max, row_sum, corr, mult, self.skip)
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
-                        if cutlass.const_expr(self.RESCALE_SKIP > 0):
+                        if cutlass.const_expr(self.skip > 0):
                             rescale_rows_where_needed(o_mn, corr)
                         else:
                             rescale_rows(o_mn, corr)
