@@ -42,10 +42,9 @@
 #      1.056x D 64 causal; perf/device_2026-12-07T1903_h100.txt)
 #   3) issue 12's tables on the H200 (the H100 ones: docs/performance.md, 2026-12-07 17:18);
 #   4) (done 19:20, H100: STAGES=3,DS_STAGES=1 at D 64 0.96-1.00x, not kept; PINGPONG=1 forward 0.98-1.01x)
-#   5) the forward's trial knobs RESCALE_SKIP (O rescaled only where a row's max moved by more than the threshold)
-#      and EXP2_EMU (part of the exponentials on the FMA pipe), store variants prebuilt (--fwd-knobs / --fwd-test-knobs):
-#      FWD_AB_DIMS="64 96 128" FWD_AB_KNOBS="RESCALE_SKIP=4 RESCALE_SKIP=7 EXP2_EMU=4 EXP2_EMU=8 EXP2_EMU=12
-#      RESCALE_SKIP=4,EXP2_EMU=8" FWD_TEST_KNOBS="EXP2_EMU=8 RESCALE_SKIP=7" STEPS=fwd_ab BUDGET=400.
+#   5) (done 19:52, H100: RESCALE_SKIP at threshold 7 the default at D 128, 1.019x / 1.029x, the D 64 / 96 rows
+#      0.94-1.00x; EXP2_EMU 0.82-0.97x, removed; perf/device_2026-12-07T1952_h100.txt). The last try (20:00) found no
+#      machine; so the final tree's kernels are those of the 19:03 / 19:52 knob runs (forward) and the 17:05 suite.
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
