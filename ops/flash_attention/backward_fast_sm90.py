@@ -181,7 +181,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         return total + bm * 2 * 2 * 2 * 4 + 8 * (2 * self.stages + 1)   # + sStat, the mbarriers
 
     @classmethod
-    def dq_colsdims_knob(cls, ordered: bool):
+    def dq_cols_dims(cls, ordered: bool):
         """Head dims whose mode 2 is the column-split dQ (others fall back to mode 1), per form."""
         return dims_knob(cls.ORDERED_DQ_COLS_DIMS if ordered else cls.DQ_COLS_DIMS)
 
@@ -189,10 +189,10 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         super().__init__(dtype, head_dim, varlen, bool(ordered))
         # ordered: the deterministic form (dQ tiles reduced in a fixed order of the key blocks, see the docstring)
         self.ordered = bool(ordered)
-        # dq_cols (D in dq_colsdims_knob(ordered)): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes D / 2 of
+        # dq_cols (D in dq_cols_dims(ordered)): dQ = dS(64 x 128 keys) K, each consumer warpgroup computes D / 2 of
         # the D columns over all 128 keys and bulk-reduces its column half (half the reduce traffic of the
         # per-warpgroup partials), at the price of two 256-thread barriers per tile (both dS halves in smem; dS reuse).
-        self.dq_cols = bool(dq_cols) and head_dim in self.dq_colsdims_knob(self.ordered)
+        self.dq_cols = bool(dq_cols) and head_dim in self.dq_cols_dims(self.ordered)
         self.ds_stages = self.DS_STAGES if self.DS_STAGES is not None else (2 if self.ordered else 1)
         self.stat_ahead = head_dim in dims_knob(self.STAT_AHEAD_DIMS)
         self.bm = BLOCK_M_FAST
