@@ -115,12 +115,14 @@ def flash_knob_jobs(spec):
 
 
 def fwd_knob_jobs(spec, every):
-    """owed_run.sh's fwd_ab with FlashFwdSm90 knobs spec: bench/ab_flash_fwd.py's keys (bf16, D 128 / 96 / 64, dense,
-    causal and not); every: all forward keys (test_flash_fwd.py under FWD_TEST_KNOBS)."""
+    """owed_run.sh's fwd_ab with FlashFwdSm90 knobs spec: bench/ab_flash_fwd.py's keys (bf16, D 128 / 96 / 64 and the
+    wide pairs 192 / 128, 192, 256, dense, causal and not); every: all forward keys (test_flash_fwd.py under
+    FWD_TEST_KNOBS)."""
     from ops.common.switches import knob_specs
     from ops.flash_attention import fwd
-    keys = fwd.all_variant_keys() if every else [fwd.variant_key("bfloat16", d, b, False) for d in (128, 96, 64)
-                                                 for b in (False, True)]
+    pairs = [(128, 128), (96, 96), (64, 64), (192, 128), (192, 192), (256, 256)]
+    keys = fwd.all_variant_keys() if every else [fwd.variant_key("bfloat16", d, b, False, v_head_dim=dv)
+                                                 for d, dv in pairs for b in (False, True)]
     return [("flash_fwd", key, knob_specs(spec)) for key in keys]
 
 
