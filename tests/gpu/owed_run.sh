@@ -50,6 +50,9 @@
 #      sanitize_fwd clean), already in the store: only the timing is owed:
 #      FWD_AB_DIMS="192/128 192 256" FWD_AB_KNOBS=RESCALE_SKIP_DIMS=128:192:256 STEPS=fwd_ab BUDGET=150; make
 #      (128, 192, 256) the default where it wins as at D 128.
+#   7) test_flash_fwd.py's test_climbing_row_max (new, CPU-collected only: logits climbing 3 / 6.9 / 7.5 / 12 base-2
+#      units a key block, fp16 and bf16, D 128 with the rescale skip, D 64 without): it runs with STEPS=tests or
+#      CHANGED_TESTS=tests/gpu/test_flash_fwd.py STEPS=changed.
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,

@@ -193,6 +193,26 @@ def test_logits_near_fold_limit(A, step, D, causal):
     check(q.to(BF16), k.to(BF16), v, causal=causal, scale=1.0)
 
 
+@pytest.mark.parametrize("inc", [3.0, 6.9, 7.5, 12.0])
+@pytest.mark.parametrize("D,dtype", [(128, torch.float16), (128, BF16), (64, BF16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_climbing_row_max(inc, D, dtype, causal):
+    """Logits that climb by about inc (base-2 units) from one 128-key block to the next, plus a spread inside each
+    block: at D 128 the rescale skip (threshold 7: ops/common/softmax.py) keeps the running max over the blocks that
+    climb by 3 or 6.9 (their P up to 2^6.9, float16 included) and moves it at 7.5 and 12 (O rescaled, the warp's vote);
+    D 64 runs without the skip. Every form must meet the float64 reference like ordinary logits."""
+    torch.manual_seed(int(inc * 10) + D + causal)
+    S, H = 1000, 2
+    j = torch.arange(S, device=DEV, dtype=torch.float32)
+    q, k = torch.zeros(1, S, H, D, device=DEV), torch.zeros(1, S, H, D, device=DEV)
+    q[..., 0] = 1.0
+    k[..., 0] = ((j // 128) * inc * math.log(2.0))[None, :, None]          # scale 1: c s = s log2(e)
+    q[..., 1] = torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    k[..., 1] = 0.25 * torch.randint(-3, 4, (1, S, H), device=DEV).float()
+    v = rnd(1, S, H, D, dtype=dtype)
+    check(q.to(dtype), k.to(dtype), v, causal=causal, scale=1.0)
+
+
 # ------------------------------------------------------------------------------------------------ varlen
 def _varlen_case(seg_q, seg_k, H, Hkv, D, extra_q=0, extra_k=0, dtype=BF16, Dv=None):
     cu_q = torch.tensor([0] + list(torch.tensor(seg_q).cumsum(0).tolist()), dtype=torch.int32, device=DEV)
