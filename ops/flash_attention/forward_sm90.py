@@ -9,7 +9,8 @@ Math (per query row i of one (batch, head) segment, keys j, scale c = softmax_sc
     l_i  = sum_j P_ij (fp32, unrounded),     O_i = sum_j P_ij v_j / l_i
     lse_i = ln(2) * (m_i + log2(l_i))        natural log; a row that sees no key: O_i = 0, lse_i = -inf
 (online form, the -inf guards, and why the scale folds into the exponent's fma only for c > 0 and |m_i| < 2^28,
-the scores being scaled first otherwise: ops.common.softmax).
+the scores being scaled first otherwise: ops.common.softmax; at D 128 m_i is the running max kept while a block's
+max rises by at most RESCALE_SKIP, the same math with P <= 2^15: the rescale skip there).
 
 Head dims: query/key D and value Dv as one of TILES' pairs ((64, 64), (96, 96), (128, 128), (192, 128) for MLA in
 MHA form, (192, 192), (256, 256)); out has Dv columns.

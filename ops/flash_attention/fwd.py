@@ -105,8 +105,8 @@ def set_trial_knobs(knobs):
     attributes (FOLD, ...); BM64="<unmasked>/<masked>", the D 64 row tiles of supported.py's table (what
     PADDLE_DSA_FWD_BM64 sets at import); PINGPONG=0/1 (what PADDLE_DSA_FWD_PINGPONG sets at import). Read while
     tracing, so set them before the first compile of a process (or give each setting its own _CACHE, as
-    bench/ab_flash_fwd.py does). Returns the values replaced:
-    pass them back to restore. Tests, sanitizers, benches and the store's prebuild use this one function."""
+    bench/ab_flash_fwd.py does). Returns the values replaced: pass them back to restore. Tests, sanitizers, benches
+    and the store's prebuild use this one function."""
     global PINGPONG
     fwd_mod = _lazy()[3]
     old = {}
