@@ -169,6 +169,12 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     BM128_DIMS = (64,)
     # depth of the (Q, dO) ring (knob: 3 fits in shared memory too; +2 % at D 128, -1.5 % causal, H100 2026-12-07)
     STAGES = STAGES
+    # LPT_MB > 0 (trial; default form only, the ordered form keeps its order, which its deadlock freedom rests on):
+    # the grid is walked by key block across the (segment, kv head) pairs of an L2 section, not per kv head, so a
+    # causal launch's longest CTAs (key block 0 sees every query) all start first and its last ones are short; a
+    # section holds about LPT_MB MiB of what its CTAs stream (Q, dO, the dQ accumulator, the column stats). CPU model of
+    # greedy dispatch on 132 SMs, B 2 H 16 S 8K causal: 0.95 of the ideal per kv head, 1.00 in this order.
+    LPT_MB = 0
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
 
     def smem_bytes(self) -> int:
@@ -211,6 +217,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         self.bn = BLOCK_N_FAST
         self.bnw = BLOCK_N_FAST // 2
         self.stages = self.STAGES
+        self.lpt_mb = 0 if self.ordered else int(self.LPT_MB)
         # dQ_w = dS_w K_w is computed in column chunks of 64 (2 for D = 128) to cap live accumulators; D = 96 in one
         # chunk of 96 (48 registers a thread, fewer than D = 128's dK + dV leave free)
         self.dqn = head_dim // 2 if self.dq_cols else (head_dim if head_dim <= 96 else 64)
@@ -534,6 +541,31 @@ class FlashBwdSm90Fast(FlashBwdSm90):
             cute.arch.cp_async_bulk_commit_group()
 
     # --------------------------------------------------------------- main
+    @cute.jit
+    def lpt_tile(self, bx: Int32, by: Int32, bz: Int32, rows_q: Int32, qhead_per_kv: Int32):
+        """(key block, kv head, segment) of the CTA at linear launch position bx + grid_n (by + Hkv bz), LPT order: the
+        (segment, kv head) pairs p = by + Hkv bz go in sections of `sec` consecutive pairs, sec = max(1, LPT_MB MiB /
+        the bytes one pair streams: its query heads' Q, dO (16-bit), dQ accumulator (fp32) and two column stats over
+        the segment's rows, rows_q / segments for varlen); a section's CTAs go by key block (block 0, the longest
+        under a causal mask, first), then by pair. A bijection of the grid onto itself: every tile runs once."""
+        grid_n, n_kv, gz = cute.arch.grid_dim()
+        n_p = n_kv * gz
+        lin = bx + grid_n * (by + n_kv * bz)
+        rows = rows_q
+        if cutlass.const_expr(self.varlen):
+            rows = rows_q // cutlass.max(gz, 1)
+        row_bytes = self.D * (2 * self.dtype.width // 8 + 4) + 8            # compile time
+        budget_rows = (self.lpt_mb << 20) // row_bytes
+        sec = cutlass.max(Int32(budget_rows) // cutlass.max(rows * qhead_per_kv, 1), 1)
+        sec = cutlass.min(sec, n_p)
+        sec_ctas = sec * grid_n
+        s = lin // sec_ctas
+        r = lin - s * sec_ctas
+        n_in = cutlass.min(sec, n_p - s * sec)
+        rank = r // n_in
+        p = s * sec + (r - rank * n_in)
+        return rank, p % n_kv, p // n_kv
+
     @cute.kernel
     def _main_fast(self, tma_q: cute.CopyAtom, gq: cute.Tensor, tma_do: cute.CopyAtom, gdo: cute.Tensor,
                    tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor,
@@ -553,6 +585,8 @@ class FlashBwdSm90Fast(FlashBwdSm90):
         stages = self.stages
         tid, _, _ = cute.arch.thread_idx()
         nb, hkv, b = cute.arch.block_idx()
+        if cutlass.const_expr(self.lpt_mb > 0):
+            nb, hkv, b = self.lpt_tile(nb, hkv, b, Sq, qhead_per_kv)
         if cutlass.const_expr(self.ordered):
             # the highest key block first: a CTA only waits for CTAs of higher key blocks, dispatched before it
             grid_n, _, _ = cute.arch.grid_dim()
