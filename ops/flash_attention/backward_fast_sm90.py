@@ -128,6 +128,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup as wg, OperandMajorMode as Maj
 from cutlass.memory import SmemAllocator
 
 from ..common import mask as mask_lib
+from ..common import launch_order
 from ..common import tile_order
 from ..common.softmax import acc_mn_view, p_operand_view
 from ..common.switches import dims_knob
@@ -543,27 +544,17 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # --------------------------------------------------------------- main
     @cute.jit
     def lpt_tile(self, bx: Int32, by: Int32, bz: Int32, rows_q: Int32, qhead_per_kv: Int32):
-        """(key block, kv head, segment) of the CTA at linear launch position bx + grid_n (by + Hkv bz), LPT order: the
-        (segment, kv head) pairs p = by + Hkv bz go in sections of `sec` consecutive pairs, sec = max(1, LPT_MB MiB /
-        the bytes one pair streams: its query heads' Q, dO (16-bit), dQ accumulator (fp32) and two column stats over
-        the segment's rows, rows_q / segments for varlen); a section's CTAs go by key block (block 0, the longest
-        under a causal mask, first), then by pair. A bijection of the grid onto itself: every tile runs once."""
+        """(key block, kv head, segment) of the CTA at linear launch position bx + grid_n (by + Hkv bz), in LPT order
+        (ops.common.launch_order): pairs p = by + Hkv bz, sections of max(1, LPT_MB MiB / the bytes one pair streams:
+        its query heads' Q, dO (16-bit), dQ accumulator (fp32) and two column stats over the segment's rows, rows_q /
+        segments for varlen); rank 0 = key block 0, the longest under a causal mask."""
         grid_n, n_kv, gz = cute.arch.grid_dim()
-        n_p = n_kv * gz
-        lin = bx + grid_n * (by + n_kv * bz)
         rows = rows_q
         if cutlass.const_expr(self.varlen):
             rows = rows_q // cutlass.max(gz, 1)
-        row_bytes = self.D * (2 * self.dtype.width // 8 + 4) + 8            # compile time
-        budget_rows = (self.lpt_mb << 20) // row_bytes
+        budget_rows = (self.lpt_mb << 20) // (self.D * (2 * self.dtype.width // 8 + 4) + 8)   # compile time
         sec = cutlass.max(Int32(budget_rows) // cutlass.max(rows * qhead_per_kv, 1), 1)
-        sec = cutlass.min(sec, n_p)
-        sec_ctas = sec * grid_n
-        s = lin // sec_ctas
-        r = lin - s * sec_ctas
-        n_in = cutlass.min(sec, n_p - s * sec)
-        rank = r // n_in
-        p = s * sec + (r - rank * n_in)
+        rank, p = launch_order.lpt_tile(bx + grid_n * (by + n_kv * bz), grid_n, n_kv * gz, sec)
         return rank, p % n_kv, p // n_kv
 
     @cute.kernel

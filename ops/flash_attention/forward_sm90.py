@@ -68,6 +68,7 @@ from cutlass.cute.nvgpu import OperandMajorMode
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from ..common import launch_order
 from ..common import mask as mask_lib
 from ..common.softmax import (acc_mn_view, fold_factors, online_softmax_finalize, online_softmax_step,
                               online_softmax_update, p_operand_view, prescale_scores, rescale_rows,
@@ -260,27 +261,17 @@ class FlashFwdSm90:
     @cute.jit
     def lpt_tile(self, bx: Int32, by: Int32, bz: Int32, grid_m: Int32, num_heads: Int32, num_kv_heads: Int32,
                  keys: Int32):
-        """(m_block, head, batch) of the CTA at linear launch position bx + grid_m (by + num_heads bz), in LPT order.
-
-        The (batch, head) pairs hb = head + num_heads batch (varlen: batch = segment, the clearing slice last) go in
-        sections of `sec` consecutive pairs, sec = the query heads of max(1, LPT_MB MiB / (K + V bytes of one kv head))
-        kv heads (keys a segment: all keys / segments for varlen); a section's CTAs go by query block, longest first,
-        then by pair. A bijection of the grid onto the same (m_block, head, batch) set, so every tile runs once."""
+        """(m_block, head, batch) of the CTA at linear launch position bx + grid_m (by + num_heads bz), in LPT order
+        (ops.common.launch_order): pairs hb = head + num_heads batch (varlen: batch = segment, the clearing slice
+        last), sections of the query heads of max(1, LPT_MB MiB / (K + V bytes of one kv head)) kv heads (a segment's
+        keys: all keys / segments for varlen); rank 0 = the last query block, the longest under a causal mask."""
         _, _, gz = cute.arch.grid_dim()
-        n_hb = num_heads * gz
-        lin = bx + grid_m * (by + num_heads * bz)
         seq_k = keys
         if cutlass.const_expr(self.varlen):
             seq_k = keys // cutlass.max(gz - 1, 1)
         budget_keys = (self.lpt_mb << 20) // ((self.D + self.Dv) * self.dtype.width // 8)   # compile time
         sec = cutlass.max(Int32(budget_keys) // cutlass.max(seq_k, 1), 1) * (num_heads // num_kv_heads)
-        sec = cutlass.min(sec, n_hb)
-        sec_ctas = sec * grid_m
-        s = lin // sec_ctas
-        r = lin - s * sec_ctas
-        n_in = cutlass.min(sec, n_hb - s * sec)
-        rank = r // n_in
-        hb = s * sec + (r - rank * n_in)
+        rank, hb = launch_order.lpt_tile(bx + grid_m * (by + num_heads * bz), grid_m, num_heads * gz, sec)
         return grid_m - 1 - rank, hb % num_heads, hb // num_heads
 
     @cute.jit
