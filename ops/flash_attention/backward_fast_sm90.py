@@ -107,6 +107,8 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     1.13x), ordered 302.8 / 321.3 against 254.2 / 240.0 (1.19x / 1.34x); dK, dV bitwise equal to the 64-row form's;
     test_flash_bwd -k "fast2 or ordered" 86 passed, sanitize_bwd memcheck 0 errors, racecheck no hazard in its D 64
     configurations (the run was cut by the call's limit before its summary, in a configuration of another kernel).
+  - LPT_MB = 0 (trial, default form only): > 0 walks the grid by key block across the (segment, kv head) pairs of an L2
+    section (ops.common.launch_order.lpt_tile), so a causal launch's longest CTAs start first; not yet timed on a GPU.
   The tables of these trials: docs/performance.md, 2026-12-07.
 
 Status (2026-12-07, H100; no H200 has run this kernel since 2026-12-06): the swapped S / dP is the one form since the

@@ -30,7 +30,8 @@ mask, else 128) = one producer and BM / 64 consumer warpgroups (384 or 512 threa
   BN and the ring's stages per (D, Dv): TILES below (BN 128 up to (192, 128), 64 for (192, 192) and (256, 256)).
   The shared-memory swizzle of each tile follows its row width (hopper_helpers.make_smem_layout_a / _b).
 Key blocks visited: [n_lo, n_hi) from ops.common.mask.key_block_range (an empty range still writes O = 0 and
-lse = -inf). Query blocks are launched longest-first (reversed blockIdx.x) to even out causal load.
+lse = -inf). Query blocks are launched longest-first (reversed blockIdx.x) to even out causal load; with the trial knob
+LPT_MB (masked variants) the launch walks the longest blocks of all heads of an L2 section first (ops.common.launch_order).
 
 Layouts. Dense: q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], out [B,Sq,H,Dv], lse [B,H,Sq]. Varlen: q [Tq,H,D],
 k [Tk,Hkv,D], v [Tk,Hkv,Dv], out [Tq,H,Dv], lse [H,Tq], cu_seqlens_q/k int32 [batch+1]; the grid gets one extra
