@@ -18,18 +18,25 @@ import cutlass
 from cutlass import Int32
 
 
-@cutlass.cute.jit
-def lpt_tile(lin: Int32, n_ranks: Int32, n_pairs: Int32, sec: Int32):
+def lpt_rank_pair(lin, n_ranks, n_pairs, sec, select=lambda c, a, b: a if c else b):
     """(rank, pair) of linear launch position lin: pairs in sections of sec (>= 1), the remainder section first;
-    within a section rank-major, so consecutive CTAs take the same rank of the section's pairs."""
+    within a section rank-major, so consecutive CTAs take the same rank of the section's pairs. Plain arithmetic (no
+    branch), so the kernels (lpt_tile: Int32 values, a select instruction) and the CPU test (Python ints) run these
+    same lines; every value is >= 0, where the DSL's and Python's integer division agree."""
     sec = cutlass.max(cutlass.min(sec, n_pairs), 1)
     rem = n_pairs - (n_pairs // sec) * sec
     first = rem * n_ranks                          # CTAs of the remainder section (rem pairs)
     full = cutlass.max(lin - first, 0)
     s = full // (sec * n_ranks)
     in_first = lin < first
-    r = Int32(cutlass.select_(in_first, lin, full - s * sec * n_ranks))
-    n_in = Int32(cutlass.select_(in_first, rem, sec))
-    base = Int32(cutlass.select_(in_first, 0, rem + s * sec))
+    r = select(in_first, lin, full - s * sec * n_ranks)
+    n_in = select(in_first, rem, sec)
+    base = select(in_first, 0, rem + s * sec)
     rank = r // n_in
     return rank, base + (r - rank * n_in)
+
+
+@cutlass.cute.jit
+def lpt_tile(lin: Int32, n_ranks: Int32, n_pairs: Int32, sec: Int32):
+    """lpt_rank_pair on the device."""
+    return lpt_rank_pair(lin, n_ranks, n_pairs, sec, lambda c, a, b: Int32(cutlass.select_(c, a, b)))
