@@ -53,6 +53,19 @@
 #   7) test_flash_fwd.py's test_climbing_row_max (new, CPU-collected only: logits climbing 3 / 6.9 / 7.5 / 12 base-2
 #      units a key block, fp16 and bf16, D 128 with the rescale skip, D 64 without): it runs with STEPS=tests or
 #      CHANGED_TESTS=tests/gpu/test_flash_fwd.py STEPS=changed.
+#   8) the LPT launch order (2026-12-07 21:10-22:30, CPU only: 12 tries for a machine, none started; the knob LPT_MB of
+#      FlashFwdSm90 (masked variants) and FlashBwdSm90Fast (default form), off; ops/common/launch_order.py; the CPU model
+#      bench/launch_order_model.py gives B 2 H 16 S 8K causal 0.91 / 0.95 of the ideal (forward D 64 / 128) and 0.95
+#      (backward) per head, 0.99-1.00 in LPT order). Its store entries (LPT_MB=24, 8 and 1) are in the carried store.
+#      Call a (the forward A/B; test_flash_fwd and sanitize_fwd with LPT_MB=1, whose sections are small enough that
+#      the remainder-first path runs in the test shapes; and the wide-dim rescale skip of 6)):
+#        FWD_AB_DIMS="128 64 192/128 256" FWD_AB_KNOBS="LPT_MB=24 LPT_MB=8 RESCALE_SKIP_DIMS=128:192:256"
+#        FWD_TEST_KNOBS=LPT_MB=1 STEPS="tests fwd_ab" BUDGET=500
+#      Call b (the backward A/B; test_flash_bwd -k "fast2 or ordered" and sanitize_bwd with LPT_MB=1):
+#        FLASH_AB_DIMS="128 64" FLASH_AB_SETS="LPT_MB=24 LPT_MB=8" FLASH_AB_KNOBS=LPT_MB=1 STEPS="flash_trial sanitize"
+#      Make LPT_MB (24 or 8, whichever wins) the default where it wins (the A/B prints out / lse and dK / dV bit-equality
+#      too: the order changes no tile's arithmetic, so the forward's outputs and the backward's dK, dV must be equal
+#      bit for bit; dQ's fp32 adds arrive in another order).
 # The steps of STEPS=all, in order:
 #   0) with less than FULL_NEED seconds: the changed kernels' test files and sanitizers first (~90 s warm)
 #   1) every GPU test file (check_project.sh tests, ~160 s), 2) every sanitizer script (check_project.sh sanitize,
