@@ -7,7 +7,7 @@
 #    against the defaults, B 2 H 16 S 8K (~80 s with the carried store);
 # 2) tests/gpu/lpt_pick.py reads both tables and picks per direction the set that wins (every causal row >= 1.01x
 #    geometric mean, no row under 0.99x, the forward's out / lse and the backward's dK / dV bit for bit equal), or none;
-# 3) the whole suite and every sanitizer (check_project.sh tests sanitize) with FLASH_FWD_KNOBS / FLASH_BWD_KNOBS set to
+# 3) the whole suite and every sanitizer (with less than 170 s left: test_flash_fwd and test_flash_bwd only) (check_project.sh tests sanitize) with FLASH_FWD_KNOBS / FLASH_BWD_KNOBS set to
 #    the picks, i.e. on the kernels that become the defaults if the pick is made so (a knob's module is the default's
 #    byte for byte once the class attribute is set: a store hit).
 # Every summary goes to $OUT/0_summary.txt as it ends.
@@ -35,6 +35,10 @@ echo "suite with FLASH_FWD_KNOBS='$FWD' FLASH_BWD_KNOBS='$BWD' (at ${SECONDS}s)"
 export FLASH_FWD_KNOBS="$FWD" FLASH_BWD_KNOBS="$BWD"
 if [ "$(left)" -ge 170 ]; then
   OUT="$OUT/z" RUN_JOBS=4 timeout $(($(left) - 5)) bash tests/gpu/check_project.sh tests > "$OUT/z/tests.log" 2>&1
+  sed -n '/================ summary/,$p' "$OUT/z/tests.log" | summ
+elif [ "$(left)" -ge 60 ]; then     # a short call: the two flash test files only, on the picked kernels
+  OUT="$OUT/z" RUN_JOBS=2 GPU_TESTS="tests/gpu/test_flash_fwd.py tests/gpu/test_flash_bwd.py" RUN_SANITIZE=0 \
+    PYTEST_TIMEOUT=$(($(left) - 10)) timeout $(($(left) - 5)) bash tests/gpu/run_device.sh > "$OUT/z/tests.log" 2>&1
   sed -n '/================ summary/,$p' "$OUT/z/tests.log" | summ
 else echo "tests skipped: $(left) s left" | summ; fi
 if [ "$(left)" -ge 100 ]; then
