@@ -5,10 +5,11 @@
 #     BUDGET=490 bash tests/gpu/lpt_call.sh 2>&1 | tail -80
 # 1) bench/ab_flash_fwd.py and bench/ab_flash_bwd.py at D 128 and 64, LPT_MB (LPT_SETS, default "LPT_MB=24 LPT_MB=8")
 #    against the defaults, B 2 H 16 S 8K (~80 s with the carried store);
-# 2) tests/gpu/lpt_pick.py reads both tables and picks per direction the set that wins (every causal row >= 1.01x
-#    geometric mean, no row under 0.99x, the forward's out / lse and the backward's dK / dV bit for bit equal), or none;
-# 3) the whole suite and every sanitizer (with less than 170 s left: test_flash_fwd and test_flash_bwd only) (check_project.sh tests sanitize) with FLASH_FWD_KNOBS / FLASH_BWD_KNOBS set to
-#    the picks, i.e. on the kernels that become the defaults if the pick is made so (a knob's module is the default's
+# 2) tests/gpu/lpt_pick.py reads both tables and picks per direction the set that wins (its causal rows' geometric
+#    mean >= 1.01x, no row it changes under 0.985x, the forward's out / lse and the backward's dK / dV bit for bit
+#    equal; tests/test_lpt_pick.py), or none;
+# 3) the whole suite and every sanitizer (check_project.sh tests sanitize; with less than 170 s left test_flash_fwd and
+#    test_flash_bwd only) with FLASH_FWD_KNOBS / FLASH_BWD_KNOBS set to the picks, i.e. on the kernels that become the defaults if the pick is made so (a knob's module is the default's
 #    byte for byte once the class attribute is set: a store hit).
 # Every summary goes to $OUT/0_summary.txt as it ends.
 set -u
