@@ -161,3 +161,90 @@ def test_rescale_skip_first_block_and_masked_rows():
     assert lse[3] == -np.inf and p_max[3] == 0.0
     keep = np.arange(64) != 3
     assert np.allclose(lse[keep], ex, rtol=4e-7, atol=4e-7)
+
+
+# ---------------------------------------------------------------------------------------- output accuracy (seed 001)
+def bf16(x):
+    """Round float32 to bfloat16 (nearest even), kept as float32."""
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
+
+
+def folded_attention(q, k, v, scale, skip, bn=128):
+    """The forward's output for bf16 q, k, v (one head, no mask): the online softmax above with P rounded to bf16
+    before P V (fp32 accumulation), l summed from the unrounded P, out = bf16(O / l)."""
+    c = F32(scale * LOG2E)
+    s_all = (q.astype(np.float64) @ k.astype(np.float64).T).astype(F32)
+    rows = q.shape[0]
+    m = np.full(rows, -np.inf, F32)
+    l = np.zeros(rows, F32)
+    o = np.zeros((rows, v.shape[1]), F32)
+    for j0 in range(0, k.shape[0], bn):
+        s = s_all[:, j0:j0 + bn]
+        m_blk = (s.max(axis=1) * c).astype(F32)
+        m_new = np.maximum(m, m_blk)
+        if skip:
+            m_new = np.where(m_blk <= (m + F32(skip)).astype(F32), m, m_new).astype(F32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            corr = np.exp2((m - m_new).astype(F32)).astype(F32)
+        m = m_new
+        p = np.exp2(fma32(s, c, -m[:, None])).astype(F32)
+        l = (l * corr + p.sum(axis=1, dtype=F32)).astype(F32)
+        o = (o * corr[:, None] + (bf16(p).astype(np.float64) @ v[j0:j0 + bn].astype(np.float64)).astype(F32))
+    return bf16(o / l[:, None])
+
+
+def seed001_rows(kscale, seed, rows=64, keys=4096, d=128):
+    """Seed 001's inputs (q, v ~ N(0, 1), k ~ N(0, kscale^2), bf16): peaked rows, most of a row's weight on a few
+    keys. Returns q, k, v, the float64 output and the fp32 floor's (P = 2^(c s - c max s) rounded to bf16, the output
+    rounded; test_seed001's floor)."""
+    rng = np.random.default_rng(seed)
+    q = bf16(rng.standard_normal((rows, d)).astype(F32))
+    k = bf16((rng.standard_normal((keys, d)) * kscale).astype(F32))
+    v = bf16(rng.standard_normal((keys, d)).astype(F32))
+    scale = d ** -0.5
+    s = q.astype(np.float64) @ k.astype(np.float64).T
+    p = np.exp2((s - s.max(axis=1, keepdims=True)) * scale * LOG2E)
+    exact = (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True)
+    t = (s.astype(F32) * F32(scale * LOG2E)).astype(F32)
+    pf = np.exp2(t - t.max(axis=1, keepdims=True)).astype(F32)
+    floor = bf16((bf16(pf).astype(np.float64) @ v) / pf.sum(axis=1, dtype=F32, keepdims=True))
+    return q, k, v, scale, exact, floor
+
+
+def rel_l2(a, ref):
+    return float(np.sqrt(((a - ref) ** 2).sum() / (ref ** 2).sum()))
+
+
+def default_skip_d128():
+    """The forward's rescale skip at head_dim 128 as the class attributes set it (0: off)."""
+    fwd = pytest.importorskip("ops.flash_attention.forward_sm90")
+    from ops.common.switches import dims_knob
+    cls = fwd.FlashFwdSm90
+    return int(cls.RESCALE_SKIP) if 128 in dims_knob(cls.RESCALE_SKIP_DIMS) else 0
+
+
+@pytest.mark.parametrize("kscale", [8, 16])
+def test_default_forward_within_seed001_margin_of_the_floor(kscale):
+    """test_seed001's gate (rel L2 <= 1.10 x the fp32 floor) on the model of the default D 128 forward. The rescale
+    skip failed it on the H100 (2026-12-08 00:59: K*8 1.972e-3 against the floor's 1.708e-3, 1.154x; 12 of 14
+    cases): the running max kept below a row's max leaves that row's largest P = 2^(positive fraction), rounded to
+    bf16, where the exact max gives P = 1 exactly; on peaked rows that term carries most of the output."""
+    skip = default_skip_d128()
+    for seed in range(3):
+        q, k, v, scale, exact, floor = seed001_rows(kscale, seed)
+        e_k, e_f = rel_l2(folded_attention(q, k, v, scale, skip), exact), rel_l2(floor, exact)
+        assert e_k <= 1.10 * e_f, (skip, seed, e_k, e_f)
+
+
+def test_rescale_skip_costs_accuracy_on_peaked_rows():
+    """Why the skip is off: at 7 (its former default) the model's error on seed 001's K*8 rows is well above the
+    floor, where without it the error is at the floor (so the test above can fail)."""
+    ratios = {}
+    for skip in (0, 7):
+        r = []
+        for seed in range(3):
+            q, k, v, scale, exact, floor = seed001_rows(8, seed)
+            r.append(rel_l2(folded_attention(q, k, v, scale, skip), exact) / rel_l2(floor, exact))
+        ratios[skip] = float(np.mean(r))
+    assert ratios[0] <= 1.02 and ratios[7] >= 1.08, ratios

@@ -26,7 +26,11 @@ that no P overflows: a block whose max exceeds m~ by at most skip keeps m~ (corr
 it), so O needs no rescale (rescale_rows_where_needed: skipped when a warp's rows all keep theirs). Its P are then up
 to 2^skip (times the fold's 2^8 at most): every P, l, O and lse still use the same m~, so the result is the same
 math; skip <= 7 keeps 2^(skip + 8) inside float16's range. A larger jump (and the first block) takes the new max as
-before: m~ is never below the block max minus skip.
+before: m~ is never below the block max minus skip. Not the same rounding, though: with the exact max the row's
+largest P is 1 (2^e with the fold's tiny e) and passes the rounding to bf16 / fp16 unchanged; a kept max makes it
+2^(positive fraction), rounded like any other P, and on peaked rows that one term carries most of the output
+(seed 001's K*8 rows on the H100, 2026-12-08: rel L2 1.15x the fp32 floor, against 0.98x without the skip). So the
+forward's knob is off by default (tests/test_softmax_fold_model.py models it).
 
 A thread holds 2 rows of a 64-row wgmma accumulator; a row is spread over 4 consecutive lanes (quad), so row
 max/sum need a butterfly over lane offsets 1 and 2. Row sums are kept per thread and reduced once at the end.
