@@ -121,6 +121,10 @@ class FlashFwdSm90:
     # (tests/test_softmax_fold_model.py pins it on a model of the kernel's arithmetic).
     RESCALE_SKIP = 7
     RESCALE_SKIP_DIMS = ()
+    # RESCALE_VOTE_DIMS (trial knob, off): at these head dims O is rescaled only where a row of the warp moved its max
+    # (rescale_rows_where_needed) without keeping any max: corr is then exactly 1 where skipped, so out / lse are bit
+    # for bit the plain form's; only the time can differ (not yet timed on a GPU)
+    RESCALE_VOTE_DIMS = ()
     # LPT_MB > 0 (masked variants only): the grid is walked longest query block first across all (batch, head) pairs
     # of an L2 section, not per head: the launch's linear CTA order is remapped so that consecutive CTAs take the same
     # query block of the section's heads, a section holding about LPT_MB MiB of K / V (lpt_tile). Why: with one head's
@@ -136,6 +140,7 @@ class FlashFwdSm90:
         assert (head_dim, v_head_dim) in TILES, (head_dim, v_head_dim)
         self.skip = int(self.RESCALE_SKIP) if head_dim in dims_knob(self.RESCALE_SKIP_DIMS) else 0
         assert 0 <= self.skip <= 7, self.skip             # P <= 2^(skip + 8) stays a finite float16
+        self.vote = self.skip > 0 or head_dim in dims_knob(self.RESCALE_VOTE_DIMS)
         self.dtype = dtype
         self.D = head_dim
         self.Dv = v_head_dim
@@ -466,7 +471,7 @@ class FlashFwdSm90:
                         warpgroup.wait_group(0)          # P_{n-1} V_{n-1} done: O and P registers free
                         pipe_v.consumer_release(st_v)
                         st_v.advance()
-                        if cutlass.const_expr(self.skip > 0):
+                        if cutlass.const_expr(self.vote):
                             rescale_rows_where_needed(o_mn, corr)
                         else:
                             rescale_rows(o_mn, corr)
