@@ -41,12 +41,12 @@ def fwd_table(r24_causal, r8_causal, full=1.0, **bad):
     return lines
 
 
-def bwd_table(r24_causal, r24_full=1.0, same=True, ordered_dq=0.0):
+def bwd_table(r24_causal, r24_full=1.0, same=True, ordered_dq=0.0, ordered_ratio=1.0):
     lines = []
     for D in (128, 64):
         for causal in (False, True):
             for ordered in (False, True):
-                r = 1.0 if ordered else (r24_causal if causal else r24_full)
+                r = ordered_ratio if ordered else (r24_causal if causal else r24_full)
                 lines.append(bwd_line(D, causal, ordered, "LPT_MB=24", r, same,
                                       ordered_dq if ordered else 3e-7))
     return lines
@@ -88,3 +88,12 @@ def test_outputs_must_be_bit_equal(tmp_path, capsys):
     assert picks(tmp_path, capsys, fwd_table(1.05, 1.0), bwd_table(1.05, same="2.0e-03"))[1] == "none"
     # the ordered backward keeps its order: its dQ must be equal too
     assert picks(tmp_path, capsys, fwd_table(1.05, 1.0), bwd_table(1.05, ordered_dq=1e-7))[1] == "none"
+
+
+def test_a_gain_within_the_runs_noise_is_no_win(tmp_path, capsys):
+    # 12-08 (H100): the backward's LPT_MB 8, a no-op at D 128, "won" at 1.011 while the ordered rows, which the order
+    # leaves alone, moved by 1.5 %: a gain must stand twice the noise clear of 1
+    assert picks(tmp_path, capsys, fwd_table(1.05, 1.0), bwd_table(1.011, ordered_ratio=0.985))[1] == "none"
+    assert picks(tmp_path, capsys, fwd_table(1.05, 1.0), bwd_table(1.04, ordered_ratio=0.985))[1] == "LPT_MB=24"
+    # the forward's noise comes from its full rows
+    assert picks(tmp_path, capsys, fwd_table(1.03, 1.02, full=0.98), bwd_table(1.04))[0] == "none"
