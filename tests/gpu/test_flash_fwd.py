@@ -198,9 +198,10 @@ def test_logits_near_fold_limit(A, step, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_climbing_row_max(inc, D, dtype, causal):
     """Logits that climb by about inc (base-2 units) from one 128-key block to the next, plus a spread inside each
-    block: at D 128 the rescale skip (threshold 7: ops/common/softmax.py) keeps the running max over the blocks that
-    climb by 3 or 6.9 (their P up to 2^6.9, float16 included) and moves it at 7.5 and 12 (O rescaled, the warp's vote);
-    D 64 runs without the skip. Every form must meet the float64 reference like ordinary logits."""
+    block: O is rescaled at every block. Written for the rescale skip (a knob, FlashFwdSm90.RESCALE_SKIP_DIMS, off by
+    default since 2026-12-08): with it (FLASH_FWD_KNOBS=RESCALE_SKIP_DIMS=128) the running max is kept over the blocks
+    that climb by 3 or 6.9 (their P up to 2^6.9, float16 included) and moved at 7.5 and 12 (O rescaled, the warp's
+    vote). Every form must meet the float64 reference like ordinary logits."""
     torch.manual_seed(int(inc * 10) + D + causal)
     S, H = 1000, 2
     j = torch.arange(S, device=DEV, dtype=torch.float32)
