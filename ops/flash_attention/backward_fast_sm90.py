@@ -108,7 +108,10 @@ tests/gpu/test_flash_bwd.py and sanitize_bwd.py):
     test_flash_bwd -k "fast2 or ordered" 86 passed, sanitize_bwd memcheck 0 errors, racecheck no hazard in its D 64
     configurations (the run was cut by the call's limit before its summary, in a configuration of another kernel).
   - LPT_MB = 0 (trial, default form only): > 0 walks the grid by key block across the (segment, kv head) pairs of an L2
-    section (ops.common.launch_order.lpt_tile), so a causal launch's longest CTAs start first; not yet timed on a GPU.
+    section (ops.common.launch_order.lpt_tile), so a causal launch's longest CTAs start first. H100 2026-12-08 00:59
+    (bench/ab_flash_bwd.py, B2 H16 S8K, dK / dV bitwise equal): LPT_MB 24 causal D 128 1.018x, D 64 1.044x, but D 64
+    full 0.982x; LPT_MB 8 (one pair a section at D 128: the current order) 1.007-1.016x, within the run's noise (the
+    ordered rows, which it does not touch, moved 0.985-1.007x). Not adopted; 24 is owed a rerun.
   The tables of these trials: docs/performance.md, 2026-12-07.
 
 Status (2026-12-07, H100; no H200 has run this kernel since 2026-12-06): the swapped S / dP is the one form since the
@@ -177,6 +180,7 @@ class FlashBwdSm90Fast(FlashBwdSm90):
     # causal launch's longest CTAs (key block 0 sees every query) all start first and its last ones are short; a
     # section holds about LPT_MB MiB of what its CTAs stream (Q, dO, the dQ accumulator, the column stats). CPU model of
     # greedy dispatch on 132 SMs, B 2 H 16 S 8K causal: 0.95 of the ideal per kv head, 1.00 in this order.
+    # H100 2026-12-08: noise-level at 8, mixed at 24 (the docstring's Knobs), so off
     LPT_MB = 0
     SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on sm90
 
